@@ -1,0 +1,20 @@
+"""Word error rate through jiwer, as a percentage."""
+
+from __future__ import annotations
+
+import jiwer
+
+
+def word_error_rate(references: list[str], hypotheses: list[str]) -> float:
+    """Corpus-level WER in percent (errors over reference words, times 100).
+
+    An empty hypothesis counts every reference word as deleted. Example:
+        >>> word_error_rate(["go left", "stop"], ["go right", "stop"])
+        33.33333333333333
+    """
+    if len(references) != len(hypotheses):
+        raise ValueError(f"{len(references)} references but {len(hypotheses)} hypotheses")
+    if not references:
+        return 0.0
+    refs = [r if r.strip() else "<empty>" for r in references]
+    return 100.0 * jiwer.wer(refs, list(hypotheses))

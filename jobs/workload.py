@@ -1,0 +1,230 @@
+"""The ASR workload behind the small interface the orchestrator drives, knowing nothing of speech:
+build a model and optimizer, iterate a shard's batches for (rank, world_size, epoch), the loss of a
+batch, evaluate a model on a corpus, and save/load state.
+
+Example:
+    >>> w = AsrWorkload(WorkloadConfig(data={"train": "corpus/train.jsonl"}), seed=0)
+    >>> model = w.build_model(); opt = w.build_optimizer(model)
+    >>> for batch in w.batches(rank=0, world_size=1, epoch=0):
+    ...     opt.zero_grad(); w.loss(model, batch).backward(); opt.step()
+    >>> w.evaluate(model, "corpus/test.jsonl")  # {'wer': ..., 'loss': ..., 'utterances': ...}
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+import math
+from typing import Iterator, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from jobs.data import AudioError, DataConfig, SkipReport, Utterance, load_audio, read_corpus, shard_batches
+from jobs.decode import greedy_decode
+from jobs.features import Fbank, FeatureConfig, SpecAugment
+from jobs.models import ModelConfig, build_model, ctc_loss
+from jobs.tokenizer import CharTokenizer
+from jobs.wer import word_error_rate
+
+
+class OptimConfig(BaseModel):
+    """Args:
+    lr: peak learning rate of AdamW.
+    weight_decay: AdamW's decoupled weight decay.
+    warmup_steps: linear warm-up from 0 to `lr` over this many optimizer steps.
+    schedule: after warm-up, `cosine` decays to `lr * min_lr_ratio` over the job's budget
+        (epochs or wall seconds, whichever the job reports as progress); `constant` keeps `lr`.
+    min_lr_ratio: the floor of the cosine schedule, as a fraction of `lr`.
+    grad_clip: clip the global gradient norm to this (0 turns clipping off).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    lr: float = Field(2e-3, gt=0)
+    weight_decay: float = Field(1e-2, ge=0)
+    warmup_steps: int = Field(100, ge=0)
+    schedule: Literal["cosine", "constant"] = "cosine"
+    min_lr_ratio: float = Field(0.05, ge=0, le=1)
+    grad_clip: float = Field(5.0, ge=0)
+
+
+class WorkloadConfig(BaseModel):
+    """The workload's part of a job spec."""
+
+    model_config = ConfigDict(extra="forbid")
+    data: DataConfig
+    features: FeatureConfig = FeatureConfig()
+    model: ModelConfig = ModelConfig()
+    optim: OptimConfig = OptimConfig()
+
+
+@dataclass
+class Batch:
+    feats: torch.Tensor  # (batch, frames, bins), zero-padded
+    feat_lengths: torch.Tensor
+    targets: torch.Tensor  # concatenated character ids
+    target_lengths: torch.Tensor
+    texts: list[str]
+    ids: list[str]
+
+    @property
+    def size(self) -> int:
+        return len(self.ids)
+
+
+class Corpus:
+    """A corpus's utterances with their features computed on first use and kept in memory."""
+
+    def __init__(self, source: str | Path, fbank: Fbank, tokenizer: CharTokenizer):
+        self.source = Path(source)
+        self.utterances, self.skipped = read_corpus(source)
+        self.fbank, self.tokenizer = fbank, tokenizer
+        self._features: dict[int, torch.Tensor] = {}
+        self._bad: set[int] = set()
+
+    def __len__(self) -> int:
+        return len(self.utterances)
+
+    @property
+    def durations(self) -> list[float]:
+        return [u.duration for u in self.utterances]
+
+    def features(self, i: int) -> torch.Tensor | None:
+        if i in self._bad:
+            return None
+        if i not in self._features:
+            utt: Utterance = self.utterances[i]
+            try:
+                self._features[i] = self.fbank(load_audio(utt.path))
+            except AudioError as exc:
+                self._bad.add(i)
+                self.skipped.skip(str(utt.path), str(exc))
+                return None
+        return self._features[i]
+
+    def collate(self, indices: list[int]) -> Batch | None:
+        items = [(i, f) for i in indices if (f := self.features(i)) is not None]
+        if not items:
+            return None
+        feats = [f for _, f in items]
+        utts = [self.utterances[i] for i, _ in items]
+        targets = [self.tokenizer.encode(u.text) for u in utts]
+        return Batch(
+            feats=torch.nn.utils.rnn.pad_sequence(feats, batch_first=True),
+            feat_lengths=torch.tensor([len(f) for f in feats]),
+            targets=torch.cat(targets),
+            target_lengths=torch.tensor([len(t) for t in targets]),
+            texts=[self.tokenizer.normalize(u.text) for u in utts],
+            ids=[u.id for u in utts],
+        )
+
+
+class AsrWorkload:
+    """Character-CTC speech recognition on one corpus; the orchestrator's only view of speech."""
+
+    def __init__(self, config: WorkloadConfig, seed: int = 0):
+        self.config, self.seed = config, seed
+        self.tokenizer = CharTokenizer()
+        self.fbank = Fbank(config.features.num_mel_bins)
+        self.spec_augment = SpecAugment(config.features)
+        self._corpora: dict[Path, Corpus] = {}
+
+    def corpus(self, source: str | Path) -> Corpus:
+        key = Path(source).resolve()
+        if key not in self._corpora:
+            self._corpora[key] = Corpus(source, self.fbank, self.tokenizer)
+        return self._corpora[key]
+
+    @property
+    def train(self) -> Corpus:
+        return self.corpus(self.config.data.train)
+
+    def build_model(self) -> torch.nn.Module:
+        torch.manual_seed(self.seed)
+        return build_model(self.config.model, self.config.features.num_mel_bins, self.tokenizer.vocab_size)
+
+    def build_optimizer(self, model: torch.nn.Module) -> torch.optim.Optimizer:
+        o = self.config.optim
+        return torch.optim.AdamW(model.parameters(), lr=o.lr, weight_decay=o.weight_decay)
+
+    def learning_rate(self, step: int, progress: float) -> float:
+        """Rate for optimizer step `step` when `progress` (0..1) of the budget is spent."""
+        o = self.config.optim
+        warm = min(1.0, (step + 1) / max(1, o.warmup_steps))
+        if o.schedule == "constant":
+            return o.lr * warm
+        decay = o.min_lr_ratio + (1 - o.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, max(0.0, progress))))
+        return o.lr * warm * decay
+
+    def optimizer_step(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int,
+                       progress: float) -> float:
+        """Clip gradients, set the scheduled rate and step; returns the gradient norm."""
+        clip = self.config.optim.grad_clip
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip if clip > 0 else float("inf"))
+        for group in optimizer.param_groups:
+            group["lr"] = self.learning_rate(step, progress)
+        optimizer.step()
+        return float(norm)
+
+    def batches(self, rank: int, world_size: int, epoch: int) -> Iterator[Batch]:
+        corpus = self.train
+        for indices in shard_batches(corpus.durations, self.config.data.max_batch_seconds, epoch, self.seed,
+                                     rank, world_size):
+            batch = corpus.collate(indices)
+            if batch is not None:
+                yield batch
+
+    def loss(self, model: torch.nn.Module, batch: Batch) -> torch.Tensor:
+        """Mean per-utterance CTC loss; SpecAugment is applied when the model is in training mode."""
+        feats = self.spec_augment(batch.feats) if model.training else batch.feats
+        log_probs, out_lengths = model(feats, batch.feat_lengths)
+        return ctc_loss(log_probs, out_lengths, batch.targets, batch.target_lengths)
+
+    @torch.no_grad()
+    def evaluate(self, model: torch.nn.Module, source: str | Path) -> dict:
+        """WER (percent), mean loss and utterance count of `model` on a corpus."""
+        corpus = self.corpus(source)
+        was_training = model.training
+        model.eval()
+        refs, hyps, loss_sum, n = [], [], 0.0, 0
+        order = sorted(range(len(corpus)), key=lambda i: corpus.utterances[i].duration)
+        budget = self.config.data.max_batch_seconds
+        for chunk in _chunks_by_budget(order, corpus.durations, budget):
+            batch = corpus.collate(chunk)
+            if batch is None:
+                continue
+            log_probs, out_lengths = model(batch.feats, batch.feat_lengths)
+            loss_sum += ctc_loss(log_probs, out_lengths, batch.targets, batch.target_lengths).item() * batch.size
+            hyps += greedy_decode(log_probs, out_lengths, self.tokenizer)
+            refs += batch.texts
+            n += batch.size
+        model.train(was_training)
+        return {"wer": word_error_rate(refs, hyps), "loss": loss_sum / max(1, n), "utterances": n,
+                "skipped": corpus.skipped.total}
+
+    def skipped(self) -> SkipReport:
+        return self.train.skipped
+
+    @staticmethod
+    def state_dict(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> dict:
+        state = {"model": model.state_dict()}
+        if optimizer is not None:
+            state["optimizer"] = optimizer.state_dict()
+        return state
+
+    @staticmethod
+    def load_state_dict(state: dict, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> None:
+        model.load_state_dict(state["model"])
+        if optimizer is not None and "optimizer" in state:
+            optimizer.load_state_dict(state["optimizer"])
+
+
+def _chunks_by_budget(order: list[int], durations: list[float], budget: float) -> Iterator[list[int]]:
+    chunk: list[int] = []
+    for i in order:
+        if chunk and (len(chunk) + 1) * durations[i] > budget:
+            yield chunk
+            chunk = []
+        chunk.append(i)
+    if chunk:
+        yield chunk

@@ -1,0 +1,96 @@
+"""The `chorus` command: `synth` a corpus, `train` a job spec, `eval` a checkpoint."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+
+import click
+
+from orchestrator.config import SpecError, load_spec
+
+
+def _fail_on_spec_error(fn):
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except SpecError as exc:
+            raise click.ClickException(f"invalid spec\n{exc}") from None
+    wrapper.__name__, wrapper.__doc__ = fn.__name__, fn.__doc__
+    return wrapper
+
+
+@click.group()
+def main():
+    """Chorus: train speech recognizers across a Ray cluster."""
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+
+
+@main.command()
+@click.argument("out", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--utterances", default=2000, show_default=True, help="Training utterances.")
+@click.option("--eval-utterances", type=int, default=None,
+              help="Utterances in each of dev, test and test-unseen [default: max(20, utterances/10)].")
+@click.option("--seed", default=0, show_default=True)
+@click.option("--workers", type=int, default=None, help="Processes [default: CPU count].")
+def synth(out, utterances, eval_utterances, seed, workers):
+    """Synthesize an offline multi-voice speech corpus into OUT."""
+    from jobs.synth import synthesize
+
+    summary = synthesize(out, utterances=utterances, eval_utterances=eval_utterances, seed=seed, workers=workers)
+    click.echo(json.dumps(summary))
+
+
+def format_eval(record: dict) -> str:
+    parts = [f"epoch {record['epoch']:g}", f"step {record['step']}", f"wall {record['wall_s']:.1f}s",
+             f"train_loss {record['train_loss']:.3f}"]
+    if "dev_wer" in record:
+        parts += [f"dev_loss {record['dev_loss']:.3f}", f"dev_wer {record['dev_wer']:.2f}%"]
+    return "  ".join(parts)
+
+
+@main.command()
+@click.argument("spec_path", metavar="SPEC", type=click.Path(path_type=Path))
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a spec key, e.g. optim.lr=1e-3.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Output folder [default: runs/<spec name>].")
+@_fail_on_spec_error
+def train(spec_path, overrides, out):
+    """Train the job SPEC (YAML); prints one line per evaluation and the summary JSON last."""
+    from orchestrator.job import TrainingJob
+
+    spec = load_spec(spec_path, list(overrides))
+    out = out or Path("runs") / spec.name
+    click.echo(f"chorus: training {spec.name} ({spec.model.kind}, {spec.learners} learner) -> {out}")
+    summary = TrainingJob(spec, out, report=lambda r: click.echo(format_eval(r))).run()
+    click.echo(json.dumps(summary))
+
+
+@main.command("eval")
+@click.argument("checkpoint", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("data", type=click.Path(exists=True, path_type=Path))
+def evaluate(checkpoint, data):
+    """WER of CHECKPOINT on DATA (a .jsonl manifest or a LibriSpeech-layout directory)."""
+    import torch
+
+    from jobs.workload import AsrWorkload, WorkloadConfig
+
+    state = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    if not isinstance(state, dict) or "spec" not in state or "model" not in state:
+        raise click.ClickException(f"{checkpoint}: not a Chorus checkpoint (no spec or model inside)")
+    raw = {k: state["spec"][k] for k in ("features", "model", "optim")}
+    config = WorkloadConfig.model_validate({**raw, "data": {"train": str(data), "max_batch_seconds":
+                                                             state["spec"]["data"]["max_batch_seconds"]}})
+    workload = AsrWorkload(config)
+    model = workload.build_model()
+    workload.load_state_dict(state, model)
+    result = workload.evaluate(model, data)
+    click.echo(f"{data}: WER {result['wer']:.2f}% over {result['utterances']} utterances "
+               f"({result['skipped']} skipped)")
+    click.echo(json.dumps({"data": str(data), **result}))
+
+
+if __name__ == "__main__":
+    main()

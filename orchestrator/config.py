@@ -1,0 +1,124 @@
+"""The job spec: pydantic models over YAML, with `--set section.key=value` overrides.
+
+Every section has defaults; an unknown key, a value of the wrong type or a data path that does
+not exist fails `load_spec` with a `SpecError` that names the file and the key, before anything
+is started.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from jobs.workload import WorkloadConfig
+
+
+class SpecError(ValueError):
+    """A job spec that cannot run; the message names the file and the key."""
+
+
+class BudgetConfig(BaseModel):
+    """Args:
+    epochs: passes over the training data (the job stops at whichever limit comes first).
+    wall_seconds: wall-clock limit of the training loop.
+    eval_every_epochs: evaluate on `dev` after every this many epochs.
+    eval_every_seconds: also evaluate whenever this many seconds passed since the last evaluation.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    epochs: int | None = Field(20, ge=1)
+    wall_seconds: float | None = Field(None, gt=0)
+    eval_every_epochs: int = Field(1, ge=1)
+    eval_every_seconds: float | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _some_limit(self) -> "BudgetConfig":
+        if self.epochs is None and self.wall_seconds is None:
+            raise ValueError("set epochs or wall_seconds (or both)")
+        return self
+
+
+class GroupConfig(BaseModel):
+    """Args:
+    kind: how learners keep their models in agreement: `allreduce`, `gossip` or `hierarchical`.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["allreduce", "gossip", "hierarchical"] = "allreduce"
+
+
+class JobSpec(WorkloadConfig):
+    """A training job: the workload's sections plus budget, learners, group and seed."""
+
+    name: str = Field("chorus", pattern=r"^[A-Za-z0-9_.-]+$")
+    budget: BudgetConfig = BudgetConfig()
+    learners: int = Field(1, ge=1)
+    group: GroupConfig = GroupConfig()
+    seed: int = 0
+
+
+def apply_overrides(raw: dict, overrides: list[str], where: str = "<spec>") -> dict:
+    """Apply `a.b=c` overrides to a nested dict; values are parsed as YAML (`lr=1e-3` is a float)."""
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise SpecError(f"{where}: --set {item!r}: expected key=value, e.g. optim.lr=0.001")
+        parts = key.strip().split(".")
+        node = raw
+        for i, part in enumerate(parts[:-1]):
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise SpecError(f"{where}: --set {item!r}: '{'.'.join(parts[:i + 1])}' is a value, not a section")
+            node = child
+        node[parts[-1]] = yaml.safe_load(value) if value.strip() else None
+    return raw
+
+
+def _format_errors(exc: ValidationError, where: str, overridden: set[str]) -> str:
+    lines = []
+    for err in exc.errors():
+        key = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key"
+        else:
+            msg = err["msg"].removeprefix("Value error, ")
+            if err["type"] not in ("missing",) and "input" in err and not isinstance(err["input"], dict):
+                msg += f" (got {err['input']!r})"
+        origin = " (from --set)" if key in overridden else ""
+        lines.append(f"{where}: {key}{origin}: {msg}")
+    return "\n".join(lines)
+
+
+def parse_spec(raw: Any, where: str = "<spec>", overrides: list[str] = (), model: type[BaseModel] = JobSpec):
+    """Validate a spec given as a dict (e.g. from YAML), after applying overrides."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise SpecError(f"{where}: the spec must be a mapping of sections, got {type(raw).__name__}")
+    raw = apply_overrides(raw, list(overrides), where)
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        overridden = {o.partition("=")[0].strip() for o in overrides}
+        raise SpecError(_format_errors(exc, where, overridden)) from None
+
+
+def load_spec(path: str | Path, overrides: list[str] = (), model: type[BaseModel] = JobSpec):
+    """Read and validate a YAML spec file.
+
+    Example:
+        >>> spec = load_spec("jobs/configs/tiny.yaml", ["optim.lr=0.001", "learners=2"])
+        >>> spec.optim.lr, spec.learners
+        (0.001, 2)
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise SpecError(f"{path}: no such spec file")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{path}: not valid YAML: {exc}") from None
+    return parse_spec(raw, str(path), overrides, model)

@@ -1,0 +1,19 @@
+"""Shared fixtures: one small synthetic corpus per session (real espeak-ng speech in a temp dir)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # explicit, as DESIGN.md asks; no test starts Ray yet
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory):
+    """A 160-utterance corpus (train) with 20 each in dev, test and test-unseen."""
+    from jobs.synth import synthesize
+
+    out = tmp_path_factory.mktemp("corpus")
+    synthesize(out, utterances=160, eval_utterances=20, seed=7, workers=2, progress=False)
+    return out

@@ -1,0 +1,72 @@
+from pathlib import Path
+
+import pytest
+import yaml
+
+from orchestrator.config import SpecError, load_spec
+
+TINY = Path(__file__).parents[1] / "jobs" / "configs" / "tiny.yaml"
+
+
+@pytest.fixture
+def spec_file(corpus, tmp_path):
+    """tiny.yaml pointed at the session corpus."""
+    raw = yaml.safe_load(TINY.read_text())
+    raw["data"] = {"train": str(corpus / "train.jsonl"), "dev": str(corpus / "dev"),
+                   "test": str(corpus / "test.jsonl"), "test_unseen": str(corpus / "test-unseen.jsonl")}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def test_tiny_yaml_every_line_commented():
+    for line in TINY.read_text().splitlines():
+        if line.strip() and ":" in line and not line.strip().startswith("#"):
+            assert "#" in line, f"uncommented line in tiny.yaml: {line!r}"
+
+
+def test_valid_spec_and_overrides(spec_file):
+    spec = load_spec(spec_file, ["optim.lr=1e-3", "learners=3", "group.kind=gossip", "model.kind=conformer_ctc"])
+    assert (spec.optim.lr, spec.learners, spec.group.kind, spec.model.kind) == (1e-3, 3, "gossip", "conformer_ctc")
+    assert spec.data.dev.is_dir()
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    (["optim.lrr=0.1"], "optim.lrr (from --set): unknown key"),
+    (["model.hidden=wide"], "model.hidden (from --set): Input should be a valid integer"),
+    (["model.kind=transformer"], "model.kind (from --set): Input should be 'bilstm_ctc' or 'conformer_ctc'"),
+    (["group.kind=ring"], "group.kind (from --set): Input should be"),
+    (["data.train=/no/such/train.jsonl"], "data.train (from --set): no such manifest or directory: '/no/such/train.jsonl'"),
+    (["budget.epochs=null", "budget.wall_seconds=null"], "budget: set epochs or wall_seconds"),
+    (["learners=0"], "learners (from --set): Input should be greater than or equal to 1"),
+    (["optim.lr.x=1"], "'optim.lr' is a value, not a section"),
+    (["optim.lr"], "expected key=value"),
+])
+def test_bad_values_name_the_file_and_key(spec_file, overrides, expected):
+    with pytest.raises(SpecError) as err:
+        load_spec(spec_file, overrides)
+    assert expected in str(err.value)
+    assert str(err.value).startswith(f"{spec_file}: ")
+
+
+def test_unknown_key_in_file_names_file_and_key(spec_file):
+    raw = yaml.safe_load(spec_file.read_text())
+    raw["features"]["num_mels"] = 40
+    raw["extra_section"] = {}
+    spec_file.write_text(yaml.safe_dump(raw))
+    with pytest.raises(SpecError) as err:
+        load_spec(spec_file)
+    assert f"{spec_file}: features.num_mels: unknown key" in str(err.value)
+    assert f"{spec_file}: extra_section: unknown key" in str(err.value)
+
+
+def test_unreadable_specs(tmp_path):
+    with pytest.raises(SpecError, match="no such spec file"):
+        load_spec(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("data: [unclosed\n")
+    with pytest.raises(SpecError, match=f"{bad}: not valid YAML"):
+        load_spec(bad)
+    bad.write_text("- just\n- a list\n")
+    with pytest.raises(SpecError, match="must be a mapping"):
+        load_spec(bad)

@@ -1,0 +1,149 @@
+import json
+import shutil
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+
+from jobs.data import SkipReport, load_audio, read_corpus, shard_batches
+from jobs.features import Fbank
+from jobs.tokenizer import CharTokenizer
+from jobs.workload import Corpus
+
+
+def test_both_formats_yield_the_same_utterances(corpus):
+    for split in ("train", "test-unseen"):
+        from_jsonl, skipped_j = read_corpus(corpus / f"{split}.jsonl")
+        from_dir, skipped_d = read_corpus(corpus / split)
+        assert skipped_j.total == skipped_d.total == 0
+        assert len(from_jsonl) > 0
+        assert [(u.id, u.path.resolve(), u.text) for u in from_jsonl] == \
+               [(u.id, u.path.resolve(), u.text) for u in from_dir]
+        assert np.allclose([u.duration for u in from_jsonl], [u.duration for u in from_dir])
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4, 5])
+def test_shards_cover_every_utterance_once_per_epoch(world_size):
+    durations = np.random.default_rng(0).uniform(0.5, 6.0, size=203)
+    for epoch in range(3):
+        seen = []
+        for rank in range(world_size):
+            batches = shard_batches(durations, 20.0, epoch, seed=1, rank=rank, world_size=world_size)
+            for b in batches:
+                assert len(b) * durations[b].max() <= 20.0 or len(b) == 1
+            seen += [i for b in batches for i in b]
+        assert sorted(seen) == list(range(203))
+
+
+def test_shards_balanced_reshuffled_and_world_size_may_change():
+    durations = np.random.default_rng(1).uniform(0.5, 6.0, size=100)
+    sizes = [sum(map(len, shard_batches(durations, 30.0, 0, 2, r, 3))) for r in range(3)]
+    assert max(sizes) - min(sizes) <= 1
+    e0 = shard_batches(durations, 30.0, 0, 2, 0, 2)
+    e1 = shard_batches(durations, 30.0, 1, 2, 0, 2)
+    assert {i for b in e0 for i in b} != {i for b in e1 for i in b}  # reshuffled per epoch
+    assert e0 == shard_batches(durations, 30.0, 0, 2, 0, 2)  # deterministic
+    # the world grows 2 -> 5 -> 3 between epochs: each epoch still covers everything once
+    for epoch, world in enumerate([2, 5, 3]):
+        seen = sorted(i for r in range(world) for b in shard_batches(durations, 30.0, epoch, 2, r, world) for i in b)
+        assert seen == list(range(100))
+    with pytest.raises(ValueError, match="rank 3"):
+        shard_batches(durations, 30.0, 0, 2, rank=3, world_size=3)
+
+
+def test_eight_khz_stereo_wav_is_resampled_and_downmixed(tmp_path):
+    t = np.arange(8000) / 8000
+    left, right = np.sin(2 * np.pi * 440 * t), np.sin(2 * np.pi * 440 * t) * 0.5
+    path = tmp_path / "stereo.wav"
+    sf.write(path, np.stack([left, right], axis=1).astype(np.float32), 8000)
+    wav = load_audio(path)
+    assert wav.ndim == 1 and abs(len(wav) - 16000) <= 2
+    assert abs(float(wav.abs().max()) - 0.75) < 0.05  # mean of the channels
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text(json.dumps({"audio_filepath": "stereo.wav", "duration": 1.0, "text": "go"}) + "\n")
+    utts, skipped = read_corpus(manifest)
+    assert len(utts) == 1 and skipped.total == 0 and abs(utts[0].duration - 1.0) < 1e-6
+
+
+@pytest.fixture
+def damaged(corpus, tmp_path):
+    """A copy of the train split with a corrupt FLAC, a missing FLAC, a missing transcript line
+    and an empty (zero-byte) FLAC."""
+    root = tmp_path / "train"
+    shutil.copytree(corpus / "train", root)
+    flacs = sorted(root.rglob("*.flac"))
+    bad = dict(zip(["corrupt", "missing", "untranscribed", "empty"], flacs[:4]))
+    bad["corrupt"].write_bytes(b"this is not a flac file" * 10)
+    bad["missing"].unlink()
+    u = bad["untranscribed"]
+    trans = u.parent / f"{'-'.join(u.stem.split('-')[:2])}.trans.txt"
+    trans.write_text("\n".join(line for line in trans.read_text().splitlines() if not line.startswith(u.stem)) + "\n")
+    bad["empty"].write_bytes(b"")
+    return root, bad
+
+
+def test_damaged_corpus_is_skipped_and_counted_not_fatal(damaged):
+    root, bad = damaged
+    utts, skipped = read_corpus(root)
+    assert not {p.stem for p in bad.values()} & {u.id for u in utts}
+    assert len(utts) == 160 - 4
+    assert skipped.counts == {"unreadable audio file": 1, "missing audio file": 1, "no transcript": 1,
+                              "empty audio file": 1}
+    for path in bad.values():  # every skip names its file
+        assert any(path.name in where or path.stem in where for where, _ in skipped.items)
+
+
+def test_file_lost_after_indexing_is_dropped_from_its_batch_counted_and_logged_once(corpus, tmp_path, caplog):
+    root = tmp_path / "dev"
+    shutil.copytree(corpus / "dev", root)
+    c = Corpus(root, Fbank(), CharTokenizer())
+    gone = c.utterances[0].path
+    gone.unlink()  # e.g. a network share losing the file mid-run
+    caplog.clear()
+    for _ in range(2):
+        batch = c.collate([0, 1, 2])
+        assert batch.ids == [c.utterances[1].id, c.utterances[2].id]
+        assert batch.feats.shape[0] == 2
+    assert c.collate([0]) is None
+    assert c.skipped.total == 1
+    assert sum(gone.name in r.getMessage() for r in caplog.records) == 1
+
+
+def test_jsonl_problems_are_reported_with_line_numbers(corpus, tmp_path):
+    lines = (corpus / "dev.jsonl").read_text().splitlines()[:4]
+    rows = [json.loads(line) for line in lines]
+    for row in rows:
+        row["audio_filepath"] = str(corpus / row["audio_filepath"])
+    rows[1]["text"] = ""
+    rows[2]["audio_filepath"] = str(tmp_path / "nowhere.flac")
+    manifest = tmp_path / "dev.jsonl"
+    manifest.write_text("\n".join(json.dumps(r) for r in rows) + "\n{not json\n")
+    utts, skipped = read_corpus(manifest)
+    assert len(utts) == 2
+    assert skipped.counts == {"no transcript": 1, "missing audio file": 1,
+                              "malformed manifest line (needs JSON with audio_filepath)": 1}
+    assert any(where.endswith("dev.jsonl:5") for where, _ in skipped.items)
+
+
+def test_skip_report_logs_each_path_once(caplog):
+    report = SkipReport()
+    for _ in range(3):
+        report.skip("/x/a.flac", "missing audio file")
+    assert report.total == 3
+    assert sum("/x/a.flac" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_features_shape_normalization_and_specaugment_only_in_training(corpus):
+    from jobs.features import FeatureConfig, SpecAugment
+
+    utts, _ = read_corpus(corpus / "dev.jsonl")
+    feats = Fbank(80)(load_audio(utts[0].path))
+    assert feats.shape[1] == 80
+    assert abs(feats.shape[0] - utts[0].duration * 100) <= 2
+    assert torch.allclose(feats.mean(0), torch.zeros(80), atol=1e-4)
+    assert torch.allclose(feats.std(0), torch.ones(80), atol=1e-3)
+    batch = feats.unsqueeze(0).repeat(4, 1, 1)
+    masked = SpecAugment(FeatureConfig(freq_mask=10, time_mask=10))(batch)
+    assert masked.shape == batch.shape and (masked == 0).any() and not torch.equal(masked, batch)
+    assert torch.equal(SpecAugment(FeatureConfig(freq_mask=0, time_mask=0))(batch), batch)

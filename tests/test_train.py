@@ -1,0 +1,71 @@
+import json
+import subprocess
+import sys
+
+import torch
+
+from orchestrator.config import parse_spec
+from orchestrator.job import TrainingJob
+
+
+def _spec(corpus, **budget):
+    return parse_spec({
+        "name": "t",
+        "data": {"train": str(corpus / "train.jsonl"), "dev": str(corpus / "dev.jsonl"),
+                 "test": str(corpus / "test"), "test_unseen": str(corpus / "test-unseen.jsonl"),
+                 "max_batch_seconds": 20},
+        "optim": {"lr": 3e-3, "warmup_steps": 10, "schedule": "constant"},
+        "budget": budget,
+    })
+
+
+def test_short_training_run_lowers_the_loss(corpus, tmp_path):
+    records = []
+    summary = TrainingJob(_spec(corpus, epochs=4), tmp_path, report=records.append).run()
+    assert [r["epoch"] for r in records] == [1, 2, 3, 4]
+    assert records[-1]["train_loss"] < 0.7 * summary["first_train_loss"]
+    assert records[-1]["dev_loss"] < records[0]["dev_loss"]
+    assert summary["steps"] > 0 and summary["samples"] == 4 * 160
+    for key in ("wer_test", "wer_test_unseen", "steps", "samples", "wall_s", "samples_per_s"):
+        assert summary[key] is not None, key
+    assert summary["utterances_test"] == summary["utterances_test_unseen"] == 20
+    assert json.loads((tmp_path / "summary.json").read_text()) == summary
+    assert len((tmp_path / "evals.jsonl").read_text().splitlines()) == 4
+    state = torch.load(tmp_path / "checkpoint.pt", weights_only=False)
+    assert state["counters"]["step"] == summary["steps"] and state["spec"]["name"] == "t"
+
+
+def test_wall_budget_stops_the_job(corpus, tmp_path):
+    summary = TrainingJob(_spec(corpus, epochs=None, wall_seconds=3), tmp_path).run()
+    assert summary["train_wall_s"] < 3 + 15  # the step in flight and the last dev evaluation
+    assert 0 < summary["samples"] < 50 * 160
+
+
+def _chorus(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], capture_output=True, text=True, cwd=cwd)
+
+
+def test_cli_train_prints_evals_and_summary_last_then_eval_reads_checkpoint(corpus, tmp_path):
+    spec = tmp_path / "job.yaml"
+    spec.write_text(json.dumps(_spec(corpus, epochs=2).model_dump(mode="json")))  # JSON is YAML
+    out = tmp_path / "run"
+    proc = _chorus("train", str(spec), "--set", "budget.epochs=1", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert any(line.startswith("epoch 1  step ") and "dev_wer" in line for line in lines)
+    summary = json.loads(lines[-1])
+    assert summary == json.loads((out / "summary.json").read_text())
+    proc = _chorus("eval", str(out / "checkpoint.pt"), str(corpus / "test"))
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["utterances"] == 20 and abs(result["wer"] - summary["wer_test"]) < 1e-6
+
+
+def test_cli_rejects_a_bad_spec_before_training(corpus, tmp_path):
+    spec = tmp_path / "job.yaml"
+    spec.write_text(json.dumps(_spec(corpus, epochs=1).model_dump(mode="json")))
+    proc = _chorus("train", str(spec), "--set", "model.hiden=64", "--out", str(tmp_path / "run"))
+    assert proc.returncode != 0
+    assert f"{spec}: model.hiden (from --set): unknown key" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "run").exists()
