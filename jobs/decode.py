@@ -17,7 +17,7 @@ def greedy_decode(log_probs: torch.Tensor, lengths: torch.Tensor, tokenizer: Cha
     """
     best = log_probs.argmax(dim=-1).cpu()
     texts = []
-    for row, n in zip(best, lengths.cpu().tolist()):
+    for row, n in zip(best, lengths.cpu().tolist(), strict=True):
         row = torch.unique_consecutive(row[:n])
         texts.append(tokenizer.decode(row[row != BLANK].tolist()))
     return texts

@@ -3,10 +3,9 @@ SpecAugment (torchaudio's masks), applied in training only."""
 
 from __future__ import annotations
 
-
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 import torchaudio
+from pydantic import BaseModel, ConfigDict, Field
 
 SAMPLE_RATE = 16_000
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 from torchaudio.models import Conformer
 
@@ -40,7 +40,8 @@ class ModelConfig(BaseModel):
 
 
 class ConvSubsampling(nn.Module):
-    """Two 3x3 stride-2 convolutions over (time, frequency): frames / 4, then a linear projection."""
+    """Two 3x3 stride-2 convolutions over (time, frequency): frames / 4, then a linear projection and
+    LayerNorm (which shortens CTC's initial all-blank plateau by several epochs on the tiny task)."""
 
     def __init__(self, in_bins: int, channels: int, d_model: int):
         super().__init__()
@@ -49,7 +50,7 @@ class ConvSubsampling(nn.Module):
             nn.Conv2d(channels, channels, 3, stride=2), nn.ReLU(),
         )
         out_bins = ((in_bins - 1) // 2 - 1) // 2
-        self.proj = nn.Linear(channels * out_bins, d_model)
+        self.proj = nn.Sequential(nn.Linear(channels * out_bins, d_model), nn.LayerNorm(d_model))
 
     @staticmethod
     def output_lengths(lengths: torch.Tensor) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """Offline multi-voice speech corpus for tests, demos and benchmarks.
 
-Speaks random 2-6-word sentences over a fixed 38-word vocabulary (the product's command words) with espeak-ng, loaded through
+Speaks random 2-6-word sentences over a fixed 38-word command vocabulary with espeak-ng, loaded through
 ctypes from the `espeakng-loader` wheel (no system package). Each utterance gets its own voice
 variant, rate, pitch, leading/trailing silence and background noise at a random SNR, and is
 resampled to 16 kHz mono FLAC. The corpus is described twice over the same FLAC files: as a
@@ -221,7 +221,8 @@ def synthesize(out: str | Path, utterances: int = 2000, eval_utterances: int | N
     """Write the corpus under `out`; returns a summary (counts and hours per split, voices).
 
     Example:
-        >>> synthesize("/tmp/corpus", utterances=40, eval_utterances=8, seed=1, progress=False)["splits"]["train"]["utterances"]
+        >>> summary = synthesize("/tmp/corpus", utterances=40, eval_utterances=8, seed=1, progress=False)
+        >>> summary["splits"]["train"]["utterances"]
         40
     """
     out = Path(out)

@@ -12,10 +12,11 @@ Example:
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-import math
-from typing import Iterator, Literal
+from typing import Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -119,6 +120,23 @@ class Corpus:
         )
 
 
+class ShardBatches:
+    """One shard's batches of one epoch; `len()` is known before any audio is read. A batch whose
+    every utterance turns out unreadable is left out."""
+
+    def __init__(self, corpus: Corpus, plan: list[list[int]]):
+        self.corpus, self.plan = corpus, plan
+
+    def __len__(self) -> int:
+        return len(self.plan)
+
+    def __iter__(self) -> Iterator[Batch]:
+        for indices in self.plan:
+            batch = self.corpus.collate(indices)
+            if batch is not None:
+                yield batch
+
+
 class AsrWorkload:
     """Character-CTC speech recognition on one corpus; the orchestrator's only view of speech."""
 
@@ -166,13 +184,11 @@ class AsrWorkload:
         optimizer.step()
         return float(norm)
 
-    def batches(self, rank: int, world_size: int, epoch: int) -> Iterator[Batch]:
+    def batches(self, rank: int, world_size: int, epoch: int) -> ShardBatches:
+        """This rank's batches for one epoch: a sized iterable that loads audio as it goes."""
         corpus = self.train
-        for indices in shard_batches(corpus.durations, self.config.data.max_batch_seconds, epoch, self.seed,
-                                     rank, world_size):
-            batch = corpus.collate(indices)
-            if batch is not None:
-                yield batch
+        plan = shard_batches(corpus.durations, self.config.data.max_batch_seconds, epoch, self.seed, rank, world_size)
+        return ShardBatches(corpus, plan)
 
     def loss(self, model: torch.nn.Module, batch: Batch) -> torch.Tensor:
         """Mean per-utterance CTC loss; SpecAugment is applied when the model is in training mode."""

@@ -35,7 +35,7 @@ class BudgetConfig(BaseModel):
     eval_every_seconds: float | None = Field(None, gt=0)
 
     @model_validator(mode="after")
-    def _some_limit(self) -> "BudgetConfig":
+    def _some_limit(self) -> BudgetConfig:
         if self.epochs is None and self.wall_seconds is None:
             raise ValueError("set epochs or wall_seconds (or both)")
         return self

@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -53,13 +53,13 @@ class TrainingJob:
         optimizer = w.build_optimizer(model)
         model.train()
         step = samples = 0
-        epoch = 0
+        epoch, position = 0, 0.0  # position: epochs done, fractional
         loss_sum, loss_n = 0.0, 0
         first_loss = None
         last_eval = start
         out_of_time = False
         while not out_of_time and (spec.budget.epochs is None or epoch < spec.budget.epochs):
-            batches = list(w.batches(rank=0, world_size=1, epoch=epoch))
+            batches = w.batches(rank=0, world_size=1, epoch=epoch)
             for batch_no, batch in enumerate(batches):
                 elapsed = time.monotonic() - start
                 if spec.budget.wall_seconds is not None and elapsed >= spec.budget.wall_seconds:
@@ -71,12 +71,12 @@ class TrainingJob:
                 w.optimizer_step(model, optimizer, step, self._progress(epoch, batch_no, len(batches), elapsed))
                 step += 1
                 samples += batch.size
+                position = epoch + (batch_no + 1) / len(batches)
                 loss_sum, loss_n = loss_sum + loss.item(), loss_n + 1
                 first_loss = loss.item() if first_loss is None else first_loss
                 every = spec.budget.eval_every_seconds
                 if every is not None and time.monotonic() - last_eval >= every:
-                    self._evaluate(model, optimizer, epoch + (batch_no + 1) / len(batches), step, samples,
-                                   loss_sum / loss_n, start)
+                    self._evaluate(model, optimizer, position, step, samples, loss_sum / loss_n, start)
                     loss_sum, loss_n, last_eval = 0.0, 0, time.monotonic()
             else:
                 epoch += 1
@@ -85,7 +85,7 @@ class TrainingJob:
                     loss_sum, loss_n, last_eval = 0.0, 0, time.monotonic()
         train_wall = time.monotonic() - start
         if loss_n:  # the last partial stretch still gets its evaluation
-            self._evaluate(model, optimizer, epoch, step, samples, loss_sum / loss_n, start)
+            self._evaluate(model, optimizer, position, step, samples, loss_sum / loss_n, start)
         summary = self._summarize(model, step, samples, train_wall, time.monotonic() - start, first_loss)
         (self.out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         return summary

@@ -73,7 +73,7 @@ def damaged(corpus, tmp_path):
     root = tmp_path / "train"
     shutil.copytree(corpus / "train", root)
     flacs = sorted(root.rglob("*.flac"))
-    bad = dict(zip(["corrupt", "missing", "untranscribed", "empty"], flacs[:4]))
+    bad = dict(zip(["corrupt", "missing", "untranscribed", "empty"], flacs[:4], strict=True))
     bad["corrupt"].write_bytes(b"this is not a flac file" * 10)
     bad["missing"].unlink()
     u = bad["untranscribed"]

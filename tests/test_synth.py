@@ -5,9 +5,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from jobs.synth import (SPLITS, TRAIN_VOICES, UNSEEN_VOICES, VOCABULARY, Espeak, EspeakError, plan_corpus,
-                        synthesize)
-
+from jobs.synth import SPLITS, TRAIN_VOICES, UNSEEN_VOICES, VOCABULARY, Espeak, EspeakError, plan_corpus, synthesize
 
 ISSUE_WORDS = ("zero one two three four five six seven eight nine yes no up down left right on off stop go "
                "bed bird cat dog happy house tree wow forward backward follow learn visual open close start "

