@@ -4,7 +4,8 @@ Synthesizes a 2,000-utterance training corpus (plus 200 each for dev, test and t
 trains `jobs/configs/tiny.yaml` on one in-process learner within a 6-minute wall budget, and
 reports WER on `test` (target: <= 5%) and on `test-unseen` (voices never heard in training). It also
 measures feature extraction (FLAC decode + 80-dim fbank + normalization) as x real time on one
-core. Writes `bench/results/tiny_asr.json` and a PNG learning curve (dev WER against wall time).
+core. Writes `bench/results/tiny_asr.json` (`tiny_asr_seed<N>.json` for another seed) and a PNG
+learning curve (dev WER against wall time).
 
 Usage: .venv/bin/python bench/tiny_asr.py [--utterances 2000] [--wall-seconds 330]
 """
@@ -114,8 +115,9 @@ def main() -> int:
         "summary": summary,
         "evals": job.evals,
     }
-    (RESULTS / "tiny_asr.json").write_text(json.dumps(result, indent=2) + "\n")
-    plot(job.evals, summary, RESULTS / "tiny_asr.png")
+    stem = "tiny_asr" if args.seed == 0 else f"tiny_asr_seed{args.seed}"
+    (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
+    plot(job.evals, summary, RESULTS / f"{stem}.png")
     print(json.dumps({k: result[k] for k in ("wer_test", "wer_test_unseen", "wer_test_vs_target", "wall_s",
                                               "wall_vs_limit", "features", "passed")}))
     return 0 if result["passed"] else 1

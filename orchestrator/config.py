@@ -85,8 +85,9 @@ def _format_errors(exc: ValidationError, where: str, overridden: set[str]) -> st
             msg = "unknown key"
         else:
             msg = err["msg"].removeprefix("Value error, ")
-            if err["type"] not in ("missing",) and "input" in err and not isinstance(err["input"], dict):
-                msg += f" (got {err['input']!r})"
+            shown = err.get("input")
+            if err["type"] != "missing" and not isinstance(shown, dict) and str(shown) not in msg:
+                msg += f" (got {shown!r})"
         origin = " (from --set)" if key in overridden else ""
         lines.append(f"{where}: {key}{origin}: {msg}")
     return "\n".join(lines)
