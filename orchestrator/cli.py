@@ -56,15 +56,27 @@ def format_eval(record: dict) -> str:
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a spec key, e.g. optim.lr=1e-3.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Output folder [default: runs/<spec name>].")
+@click.option("--address", default=None,
+              help="An existing Ray cluster (e.g. auto or HOST:6379) [default: start one in this process].")
+@click.option("--resume", is_flag=True, help="Continue from OUT/checkpoint.pt.")
 @_fail_on_spec_error
-def train(spec_path, overrides, out):
+def train(spec_path, overrides, out, address, resume):
     """Train the job SPEC (YAML); prints one line per evaluation and the summary JSON last."""
     from orchestrator.job import TrainingJob
 
     spec = load_spec(spec_path, list(overrides))
     out = out or Path("runs") / spec.name
-    click.echo(f"chorus: training {spec.name} ({spec.model.kind}, {spec.learners} learner) -> {out}")
-    summary = TrainingJob(spec, out, report=lambda r: click.echo(format_eval(r))).run()
+    job = TrainingJob(spec, out, report=lambda r: click.echo(format_eval(r)), resume=resume)  # validates first
+    if spec.learners > 1 or address:
+        import ray
+
+        context = ray.init(address=address, log_to_driver=False)
+        url = getattr(context, "dashboard_url", None)
+        click.echo(f"chorus: Ray dashboard at http://{url}" if url else "chorus: Ray dashboard not running")
+    learners = f"{spec.learners} learner{'s' if spec.learners > 1 else ''}"
+    group = f", {spec.group.kind}" if spec.learners > 1 else ""
+    click.echo(f"chorus: training {spec.name} ({spec.model.kind}, {learners}{group}) -> {out}")
+    summary = job.run()
     click.echo(json.dumps(summary))
 
 

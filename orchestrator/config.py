@@ -51,11 +51,16 @@ class GroupConfig(BaseModel):
 
 
 class JobSpec(WorkloadConfig):
-    """A training job: the workload's sections plus budget, learners, group and seed."""
+    """A training job: the workload's sections plus budget, learners, group and seed.
+
+    `cpus_per_learner` is each learner's CPU reservation on Ray (default 1; fractions share a
+    core); a one-learner job run without Ray uses all of this machine's cores unless it is set.
+    """
 
     name: str = Field("chorus", pattern=r"^[A-Za-z0-9_.-]+$")
     budget: BudgetConfig = BudgetConfig()
     learners: int = Field(1, ge=1)
+    cpus_per_learner: float | None = Field(None, gt=0)
     group: GroupConfig = GroupConfig()
     seed: int = 0
 

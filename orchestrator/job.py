@@ -1,7 +1,10 @@
-"""TrainingJob: run a job spec to the end of its budget, evaluating on `dev` as it goes, then on
-`test` and `test_unseen`; checkpoint into the output folder and write `summary.json`.
+"""TrainingJob: place the learners, run their group for the spec's budget, evaluate the average of
+all learners' weights on `dev` as it goes and on `test`/`test_unseen` at the end, checkpoint the
+whole job (every learner's state and counters) into the output folder, resume from it, and write
+`summary.json`.
 
-For now the job runs one learner in-process; learner groups on Ray build on the same loop.
+Jobs with more than one learner run on Ray (one actor per learner, one placement group per job);
+a one-learner job runs the same learner in this process.
 """
 
 from __future__ import annotations
@@ -9,15 +12,19 @@ from __future__ import annotations
 import json
 import os
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from jobs.workload import AsrWorkload
-from orchestrator.config import JobSpec
+from jobs.workload import AsrWorkload, WorkloadConfig
+from orchestrator.config import JobSpec, SpecError
+from orchestrator.groups import AllreduceMember, GossipMember, SoloMember, ring_partners
+from orchestrator.placement import InProcessLearner, fetch, place_learners, release
 
 Report = Callable[[dict], None]
+CHUNK_STEPS = 8  # steps per `run` call: how often the driver looks at budget and evaluations
 
 
 class TrainingJob:
@@ -27,116 +34,212 @@ class TrainingJob:
         spec: a validated job spec.
         out_dir: where `checkpoint.pt`, `evals.jsonl` and `summary.json` go.
         report: called with each evaluation's record (the CLI prints a console line from it).
+        resume: continue from `out_dir/checkpoint.pt` (its counters, weights and curve).
     """
 
-    def __init__(self, spec: JobSpec, out_dir: str | Path, report: Report | None = None):
-        self.spec, self.out_dir = spec, Path(out_dir)
+    def __init__(self, spec: JobSpec, out_dir: str | Path, report: Report | None = None, resume: bool = False):
+        if spec.group.kind == "hierarchical" and spec.learners > 1:
+            raise SpecError("group.kind: hierarchical is not available yet (allreduce and gossip are)")
+        self.spec, self.out_dir, self.resume = spec, Path(out_dir), resume
         self.report = report or (lambda record: None)
-        self.workload = AsrWorkload(spec, seed=spec.seed)
+        self.workload = AsrWorkload(spec, seed=spec.seed)  # the driver's copy, for evaluation
+        self.job_id = f"{spec.name}-{uuid.uuid4().hex[:6]}"
         self.evals: list[dict] = []
+        self.eval_model = self.workload.build_model()
 
-    def _progress(self, epoch: int, batch_no: int, batches: int, elapsed: float) -> float:
-        b = self.spec.budget
-        fractions = []
-        if b.epochs is not None:
-            fractions.append((epoch + batch_no / max(1, batches)) / b.epochs)
-        if b.wall_seconds is not None:
-            fractions.append(elapsed / b.wall_seconds)
-        return max(fractions)
+    # -- placement ------------------------------------------------------------------------------
+    def _start_learners(self):
+        spec = self.spec
+        config = WorkloadConfig.model_validate(spec.model_dump(include={"data", "features", "model", "optim"}))
+        raw = config.model_dump(mode="json")
+        if spec.learners == 1 and not _ray_running():
+            threads = int(spec.cpus_per_learner) if spec.cpus_per_learner else (os.cpu_count() or 1)
+            handles = [InProcessLearner(raw, spec.seed, 0, 1, threads)]
+            members = [SoloMember()]
+            return None, handles, members
+        import ray
 
+        if not ray.is_initialized():
+            ray.init()
+        pg, handles = place_learners(self.job_id, spec.learners, spec.cpus_per_learner or 1.0, raw, spec.seed)
+        return pg, handles, self._members(handles)
+
+    def _members(self, handles) -> list:
+        n, kind = len(handles), self.spec.group.kind
+        if n == 1:
+            return [SoloMember()]
+        if kind == "gossip":
+            return [GossipMember(i, [handles[q] for q in ring_partners(i, n)], self.spec.seed) for i in range(n)]
+        ip, port = fetch([handles[0].ip.remote(), handles[0].free_port.remote()])
+        return [AllreduceMember(i, n, f"{ip}:{port}") for i in range(n)]
+
+    # -- the run --------------------------------------------------------------------------------
     def run(self) -> dict:
-        spec, w = self.spec, self.workload
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        (self.out_dir / "evals.jsonl").write_text("")
-        start = time.monotonic()
-        model = w.build_model()
-        optimizer = w.build_optimizer(model)
-        model.train()
-        step = samples = 0
-        epoch, position = 0, 0.0  # position: epochs done, fractional
-        loss_sum, loss_n = 0.0, 0
+        pg, handles = None, []
+        try:
+            pg, handles, members = self._start_learners()
+            wall_before = self._restore(handles) if self.resume else 0.0
+            if not self.resume:
+                (self.out_dir / "evals.jsonl").write_text("")
+            fetch([h.join.remote(m) for h, m in zip(handles, members, strict=True)])
+            return self._train(handles, members, wall_before)
+        finally:
+            if handles:
+                try:
+                    fetch([h.close.remote() for h in handles])
+                except Exception:
+                    pass
+            if pg is not None:
+                release(pg, handles)
+
+    def _train(self, handles, members, wall_before: float) -> dict:
+        b = self.spec.budget
+        start = time.time() - wall_before
+        deadline = start + b.wall_seconds if b.wall_seconds is not None else None
+        collective = members[0].lockstep  # learners must take the same steps: the driver decides when to stop
+        lockstep = collective or isinstance(handles[0], InProcessLearner)  # drive in rounds
+        stats = fetch([h.counters.remote() for h in handles])
         first_loss = None
-        last_eval = start
-        out_of_time = False
-        while not out_of_time and (spec.budget.epochs is None or epoch < spec.budget.epochs):
-            batches = w.batches(rank=0, world_size=1, epoch=epoch)
-            for batch_no, batch in enumerate(batches):
-                elapsed = time.monotonic() - start
-                if spec.budget.wall_seconds is not None and elapsed >= spec.budget.wall_seconds:
-                    out_of_time = True
+        next_eval_epoch = (min(s["epoch"] for s in stats) // b.eval_every_epochs + 1) * b.eval_every_epochs
+        last_eval = time.time()
+        losses: list[float] = []
+
+        def progress() -> float:
+            fractions = []
+            if b.epochs is not None:
+                fractions.append(sum(s["epoch"] for s in stats) / len(stats) / b.epochs)
+            if deadline is not None:
+                fractions.append((time.time() - start) / b.wall_seconds)
+            return min(1.0, max(fractions))
+
+        def done(s) -> bool:
+            out_of_epochs = b.epochs is not None and s["epoch"] >= b.epochs
+            return out_of_epochs or (deadline is not None and time.time() >= deadline)
+
+        def dispatch(i):
+            return handles[i].run.remote(CHUNK_STEPS, None if collective else deadline, b.epochs, progress())
+
+        pending = {} if lockstep else {dispatch(i): i for i in range(len(handles)) if not done(stats[i])}
+        while True:
+            if lockstep:
+                if done(stats[0]):
                     break
-                optimizer.zero_grad(set_to_none=True)
-                loss = w.loss(model, batch)
-                loss.backward()
-                w.optimizer_step(model, optimizer, step, self._progress(epoch, batch_no, len(batches), elapsed))
-                step += 1
-                samples += batch.size
-                position = epoch + (batch_no + 1) / len(batches)
-                loss_sum, loss_n = loss_sum + loss.item(), loss_n + 1
-                first_loss = loss.item() if first_loss is None else first_loss
-                every = spec.budget.eval_every_seconds
-                if every is not None and time.monotonic() - last_eval >= every:
-                    self._evaluate(model, optimizer, position, step, samples, loss_sum / loss_n, start)
-                    loss_sum, loss_n, last_eval = 0.0, 0, time.monotonic()
+                results = list(enumerate(fetch([dispatch(i) for i in range(len(handles))])))
             else:
-                epoch += 1
-                if epoch % spec.budget.eval_every_epochs == 0 and loss_n:
-                    self._evaluate(model, optimizer, epoch, step, samples, loss_sum / loss_n, start)
-                    loss_sum, loss_n, last_eval = 0.0, 0, time.monotonic()
-        train_wall = time.monotonic() - start
-        if loss_n:  # the last partial stretch still gets its evaluation
-            self._evaluate(model, optimizer, position, step, samples, loss_sum / loss_n, start)
-        summary = self._summarize(model, step, samples, train_wall, time.monotonic() - start, first_loss)
+                if not pending:
+                    break
+                results = _wait_any(pending)
+            for i, s in results:
+                stats[i] = s
+                if s["loss"] is not None:
+                    losses.append(s["loss"])
+                    first_loss = s["loss"] if first_loss is None else first_loss
+                if not lockstep and not done(s):
+                    pending[dispatch(i)] = i
+            epoch_now = min(s["epoch"] for s in stats)
+            due = epoch_now >= next_eval_epoch or (
+                b.eval_every_seconds is not None and time.time() - last_eval >= b.eval_every_seconds)
+            if due and losses:
+                self._evaluate(handles, stats, sum(losses) / len(losses), start)
+                losses, last_eval = [], time.time()
+                next_eval_epoch = (epoch_now // b.eval_every_epochs + 1) * b.eval_every_epochs
+        train_wall = time.time() - start
+        if losses:
+            self._evaluate(handles, stats, sum(losses) / len(losses), start)
+        summary = self._summarize(stats, train_wall, time.time() - start, first_loss)
         (self.out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         return summary
 
-    def _evaluate(self, model, optimizer, epoch: float, step: int, samples: int, train_loss: float,
-                  start: float) -> None:
-        record = {"epoch": round(epoch, 3), "step": step, "samples": samples,
-                  "train_loss": round(train_loss, 4)}
+    # -- evaluation and checkpoints ---------------------------------------------------------------
+    def _average_weights(self, handles) -> tuple[torch.Tensor, float]:
+        weights = fetch([h.weights.remote() for h in handles])
+        stacked = torch.stack(weights)
+        mean = stacked.mean(dim=0)
+        consensus = float((stacked - mean).norm(dim=1).mean())
+        return mean, consensus
+
+    def _load_eval_model(self, mean: torch.Tensor) -> None:
+        torch.nn.utils.vector_to_parameters(mean, [p for p in self.eval_model.parameters() if p.requires_grad])
+
+    def _evaluate(self, handles, stats: list[dict], train_loss: float, start: float) -> None:
+        mean, consensus = self._average_weights(handles)
+        self._load_eval_model(mean)
+        epoch = sum(s["epoch"] for s in stats) / len(stats)
+        record = {"epoch": round(epoch, 3), "step": sum(s["step"] for s in stats) // len(stats),
+                  "samples": sum(s["samples"] for s in stats), "train_loss": round(train_loss, 4)}
+        if len(handles) > 1:
+            record["consensus_distance"] = round(consensus, 6)
         if self.spec.data.dev is not None:
-            dev = self.workload.evaluate(model, self.spec.data.dev)
+            dev = self.workload.evaluate(self.eval_model, self.spec.data.dev)
             record.update(dev_wer=round(dev["wer"], 2), dev_loss=round(dev["loss"], 4))
-        record["wall_s"] = round(time.monotonic() - start, 2)
+        record["wall_s"] = round(time.time() - start, 2)
         self.evals.append(record)
         with open(self.out_dir / "evals.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")
-        self.save_checkpoint(model, optimizer, {"epoch": epoch, "step": step, "samples": samples})
+        self.save_checkpoint(handles, record["wall_s"])
         self.report(record)
 
-    def save_checkpoint(self, model, optimizer, counters: dict) -> Path:
-        """Write the job's state atomically to `checkpoint.pt` (spec, model, optimizer, counters)."""
+    def save_checkpoint(self, handles, wall_s: float) -> Path:
+        """Write the whole job atomically to `checkpoint.pt`: spec, every learner's state, the
+        averaged model (what `chorus eval` reads) and the curve so far."""
         path = self.out_dir / "checkpoint.pt"
-        state = {"spec": self.spec.model_dump(mode="json"), "counters": counters,
-                 **self.workload.state_dict(model, optimizer)}
+        state = {"spec": self.spec.model_dump(mode="json"), "learners": fetch([h.state.remote() for h in handles]),
+                 "model": self.eval_model.state_dict(), "job": {"wall_s": wall_s, "evals": self.evals}}
         tmp = path.with_suffix(".tmp")
         torch.save(state, tmp)
         os.replace(tmp, path)
         return path
 
-    def _summarize(self, model, steps: int, samples: int, train_wall: float, wall: float,
-                   first_loss: float | None) -> dict:
+    def _restore(self, handles) -> float:
+        path = self.out_dir / "checkpoint.pt"
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no checkpoint to resume from")
+        state = torch.load(path, map_location="cpu", weights_only=False)
+        if len(state["learners"]) != len(handles):
+            raise ValueError(f"{path}: has {len(state['learners'])} learners, the spec asks for {len(handles)}")
+        fetch([h.load_state.remote(s) for h, s in zip(handles, state["learners"], strict=True)])
+        self.evals = list(state["job"]["evals"])
+        return float(state["job"]["wall_s"])
+
+    def _summarize(self, stats: list[dict], train_wall: float, wall: float, first_loss: float | None) -> dict:
         d = self.spec.data
         finals = {}
         for key, source in (("test", d.test), ("test_unseen", d.test_unseen)):
-            result = self.workload.evaluate(model, source) if source is not None else None
+            result = self.workload.evaluate(self.eval_model, source) if source is not None else None
             finals[f"wer_{key}"] = round(result["wer"], 2) if result else None
             finals[f"utterances_{key}"] = result["utterances"] if result else 0
         last = self.evals[-1] if self.evals else {}
-        skipped = self.workload.skipped()
+        samples = sum(s["samples"] for s in stats)
         return {
             "name": self.spec.name,
+            "job_id": self.job_id,
             **finals,
             "wer_dev": last.get("dev_wer"),
             "first_train_loss": round(first_loss, 4) if first_loss is not None else None,
             "final_train_loss": last.get("train_loss"),
-            "steps": steps,
+            "steps": max(s["step"] for s in stats),
             "samples": samples,
             "epochs": last.get("epoch", 0),
             "wall_s": round(wall, 2),
             "train_wall_s": round(train_wall, 2),
             "samples_per_s": round(samples / max(train_wall, 1e-9), 2),
-            "learners": 1,
-            "skipped_utterances": dict(skipped.counts),
+            "learners": len(stats),
+            "group": self.spec.group.kind if len(stats) > 1 else "solo",
+            "consensus_distance": last.get("consensus_distance"),
+            "skipped_utterances": dict(self.workload.train.skipped.counts) if self.evals else {},
             "checkpoint": str(self.out_dir / "checkpoint.pt"),
         }
+
+
+def _ray_running() -> bool:
+    import ray
+
+    return ray.is_initialized()
+
+
+def _wait_any(pending: dict) -> list[tuple[int, dict]]:
+    import ray
+
+    ready, _ = ray.wait(list(pending), num_returns=1)
+    return [(pending.pop(ref), ray.get(ref)) for ref in ready]

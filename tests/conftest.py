@@ -17,3 +17,14 @@ def corpus(tmp_path_factory):
     out = tmp_path_factory.mktemp("corpus")
     synthesize(out, utterances=160, eval_utterances=20, seed=7, workers=2, progress=False)
     return out
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One local Ray instance for the session (4 logical CPUs on this 2-core machine, so three
+    one-CPU learners and the driver fit)."""
+    import ray
+
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()

@@ -33,7 +33,7 @@ def test_short_training_run_lowers_the_loss(corpus, tmp_path):
     assert json.loads((tmp_path / "summary.json").read_text()) == summary
     assert len((tmp_path / "evals.jsonl").read_text().splitlines()) == 12
     state = torch.load(tmp_path / "checkpoint.pt", weights_only=False)
-    assert state["counters"]["step"] == summary["steps"] and state["spec"]["name"] == "t"
+    assert state["learners"][0]["counters"]["step"] == summary["steps"] and state["spec"]["name"] == "t"
 
 
 def test_wall_budget_stops_the_job(corpus, tmp_path):

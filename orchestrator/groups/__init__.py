@@ -1,0 +1,64 @@
+"""Learner groups: how learners keep their models in agreement.
+
+A group is a set of members, one per learner, built by the driver and sent to the learner actors.
+Each member implements one small protocol, called inside its learner:
+
+    setup(learner)   once, before the first step (e.g. join a process group)
+    step(learner)    one training step, including whatever communication the group does
+    close()          leave the group
+
+`lockstep` says whether every member must take the same number of steps (a collective inside
+`step`), in which case the driver, not the learners, decides when to stop. Groups know nothing
+about speech: they see a learner's batches, gradients and weights only.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from orchestrator.groups.allreduce import AllreduceMember
+from orchestrator.groups.gossip import GossipMember, ring_partners
+
+
+class GroupMember(Protocol):
+    lockstep: bool
+
+    def setup(self, learner) -> None: ...
+
+    def step(self, learner) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class SoloMember:
+    """A group of one: plain local SGD steps."""
+
+    lockstep = False
+
+    def setup(self, learner) -> None:
+        pass
+
+    def step(self, learner) -> None:
+        batch = next_batch_or_new_epoch(learner)
+        if batch is None:
+            return
+        loss = learner.forward_backward(batch)
+        learner.optimizer_step()
+        learner.record(loss, batch.size)
+
+    def close(self) -> None:
+        pass
+
+
+def next_batch_or_new_epoch(learner):
+    """Free-running learners (solo, gossip) move to their next epoch on their own: at the end of a
+    shard this starts the next epoch and returns None (that step does nothing), so the driver's
+    epoch limit is checked before any batch of the new epoch is taken."""
+    batch = learner.next_batch()
+    if batch is None:
+        learner.start_next_epoch()
+    return batch
+
+
+__all__ = ["AllreduceMember", "GossipMember", "GroupMember", "SoloMember", "next_batch_or_new_epoch",
+           "ring_partners"]

@@ -1,0 +1,77 @@
+"""AD-PSGD on a ring (Lian et al., ICML 2018; Zhang et al., ICASSP 2019).
+
+Learners at even ring positions are active, odd ones passive. After each local step an active
+learner averages its weights with a randomly chosen passive neighbour; the passive side does the
+averaging atomically under its weight lock (on its `mix` concurrency group, while it computes), so
+both end with the same mean. The exchange overlaps the active learner's next gradient computation
+(delay-by-one): the gradient computed on the pre-average weights is applied to the mean. There is
+no global barrier, and on a ring of odd size the last active position still has a passive
+neighbour, so every learner keeps mixing.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+import ray
+
+
+def ring_partners(position: int, ring_size: int) -> list[int]:
+    """Passive neighbours of an active (even) position; [] for passive positions and rings of one."""
+    if position % 2 == 1 or ring_size < 2:
+        return []
+    neighbours = {(position - 1) % ring_size, (position + 1) % ring_size}
+    return sorted(q for q in neighbours if q % 2 == 1 and q != position)
+
+
+class GossipMember:
+    """Args:
+    position: this learner's place on the ring.
+    partners: actor handles of its passive neighbours (empty for passive learners).
+    seed: for the choice of partner.
+    """
+
+    lockstep = False
+
+    def __init__(self, position: int, partners: list, seed: int = 0):
+        self.position, self.partners = position, partners
+        self._rng = random.Random(seed * 1_000_003 + position)
+
+    def setup(self, learner) -> None:
+        pass
+
+    def step(self, learner) -> None:
+        from orchestrator.groups import next_batch_or_new_epoch
+
+        batch = next_batch_or_new_epoch(learner)
+        if batch is None:
+            return
+        exchange = self._start_exchange(learner)
+        loss = learner.forward_backward(batch)  # overlaps the exchange
+        self._finish_exchange(learner, exchange)
+        learner.optimizer_step()
+        learner.record(loss, batch.size)
+
+    def mix(self, learner) -> None:
+        """One exchange without a gradient step (tests and consensus checks)."""
+        self._finish_exchange(learner, self._start_exchange(learner))
+
+    def _start_exchange(self, learner):
+        if not self.partners:
+            return None
+        partner = self._rng.choice(self.partners)
+        return partner.average.remote(learner.flat_weights())
+
+    @staticmethod
+    def _finish_exchange(learner, exchange) -> None:
+        if exchange is None:
+            return
+        waited = time.perf_counter()
+        mean = ray.get(exchange)
+        learner.load_flat_weights(mean)  # the passive partner now holds the same mean
+        learner.averages += 1
+        learner.comm_s += time.perf_counter() - waited
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,233 @@
+"""Learner: one model replica, its optimizer, its data shard and its counters, driven by a learner
+group. Workload-agnostic: it only calls the workload interface (build model/optimizer, batches,
+loss, evaluate, state).
+
+Weights are touched under one lock, so a partner's averaging request (served on the `mix`
+concurrency group while this learner computes) and this learner's own optimizer step never
+interleave: both sides of a pairwise average end with the same mean.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import ray
+import torch
+
+from jobs.workload import AsrWorkload, WorkloadConfig
+
+
+class Learner:
+    """Args:
+    workload_config: the workload's sections of the job spec (a dict, as sent over Ray).
+    seed: the job's seed (every learner starts from the same initial weights).
+    rank, world_size: this learner's shard.
+    threads: torch intra-op threads for this learner.
+    """
+
+    def __init__(self, workload_config: dict, seed: int, rank: int, world_size: int, threads: int = 1):
+        torch.set_num_threads(max(1, threads))
+        self.workload = AsrWorkload(WorkloadConfig.model_validate(workload_config), seed=seed)
+        self.model = self.workload.build_model()
+        self.model.train()
+        self.optimizer = self.workload.build_optimizer(self.model)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.rank, self.world_size = rank, world_size
+        self.lock = threading.Lock()
+        self.step = self.samples = self.epoch = self.averages = 0
+        self.progress = 0.0  # fraction of the job's budget spent, set by the driver
+        self._shard = None
+        self._slowdown = 1.0
+        self.loss_sum = self.loss_n = 0.0
+        self.compute_s = self.comm_s = 0.0
+
+    # -- data ---------------------------------------------------------------------------------
+    def set_shard(self, rank: int, world_size: int) -> None:
+        """Takes effect at the next epoch boundary."""
+        self.rank, self.world_size = rank, world_size
+
+    def next_batch(self):
+        """The next batch of this epoch's shard, or None when the shard is used up."""
+        if self._shard is None:
+            self._shard = iter(self.workload.batches(self.rank, self.world_size, self.epoch))
+        return next(self._shard, None)
+
+    def start_next_epoch(self) -> None:
+        self.epoch += 1
+        self._shard = None
+
+    # -- compute ------------------------------------------------------------------------------
+    def forward_backward(self, batch) -> float:
+        """Gradients of one batch into `.grad` (outside the lock); returns the loss."""
+        start = time.perf_counter()
+        self.optimizer.zero_grad(set_to_none=False)
+        loss = self.workload.loss(self.model, batch)
+        loss.backward()
+        elapsed = time.perf_counter() - start
+        if self._slowdown > 1.0:  # simulated slowness (spec: simulate.slowdown), tests and benchmarks only
+            time.sleep(elapsed * (self._slowdown - 1.0))
+        self.compute_s += time.perf_counter() - start
+        return loss.item()
+
+    def optimizer_step(self) -> None:
+        with self.lock:
+            self.workload.optimizer_step(self.model, self.optimizer, self.step, self.progress)
+
+    def record(self, loss: float, samples: int) -> None:
+        self.step += 1
+        self.samples += samples
+        self.loss_sum += loss
+        self.loss_n += 1
+
+    # -- weights ------------------------------------------------------------------------------
+    def flat_weights(self) -> torch.Tensor:
+        with self.lock:
+            return torch.nn.utils.parameters_to_vector([p.data for p in self.params]).clone()
+
+    def load_flat_weights(self, flat: torch.Tensor) -> None:
+        with self.lock:
+            self._assign(flat)
+
+    def _assign(self, flat: torch.Tensor) -> None:
+        # .data: in-place changes invisible to autograd, so a backward pass in flight on the
+        # compute thread is not invalidated (AD-PSGD tolerates reading slightly stale weights)
+        offset = 0
+        for p in self.params:
+            n = p.numel()
+            p.data.copy_(flat[offset:offset + n].view_as(p))
+            offset += n
+
+    def average(self, other: torch.Tensor) -> torch.Tensor:
+        """Atomically replace these weights with the mean of these and `other`; return the mean."""
+        with self.lock:
+            mine = torch.nn.utils.parameters_to_vector([p.data for p in self.params])
+            mean = (mine + other) / 2
+            self._assign(mean)
+            self.averages += 1
+        return mean
+
+    def flat_grads(self) -> torch.Tensor:
+        return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in self.params])
+
+    def load_flat_grads(self, flat: torch.Tensor) -> None:
+        offset = 0
+        for p in self.params:
+            n = p.numel()
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            p.grad.copy_(flat[offset:offset + n].view_as(p))
+            offset += n
+
+    # -- state --------------------------------------------------------------------------------
+    def counters(self) -> dict:
+        return {"step": self.step, "samples": self.samples, "epoch": self.epoch, "averages": self.averages}
+
+    def state(self) -> dict:
+        with self.lock:
+            return {**self.workload.state_dict(self.model, self.optimizer), "counters": self.counters()}
+
+    def load_state(self, state: dict) -> None:
+        with self.lock:
+            self.workload.load_state_dict(state, self.model, self.optimizer)
+            c = state["counters"]
+            self.step, self.samples, self.epoch = c["step"], c["samples"], c["epoch"]
+            self.averages = c.get("averages", 0)
+            self._shard = None
+
+    def take_stats(self) -> dict:
+        """Counters plus the mean loss and compute/communication seconds since the last call."""
+        stats = {**self.counters(), "loss": self.loss_sum / self.loss_n if self.loss_n else None,
+                 "compute_s": self.compute_s, "comm_s": self.comm_s}
+        self.loss_sum = self.loss_n = 0.0
+        self.compute_s = self.comm_s = 0.0
+        return stats
+
+
+class LearnerService:
+    """What a learner offers its driver and its group: `run` trains; averaging requests and weight
+    reads are served on the `mix` concurrency group, concurrently with `run`. `LearnerActor` is
+    this class as a Ray actor; one-learner jobs use it in-process."""
+
+    def __init__(self, workload_config: dict, seed: int, rank: int, world_size: int, threads: int = 1):
+        self.learner = Learner(workload_config, seed, rank, world_size, threads)
+        self.group = None
+
+    def node_id(self) -> str:
+        return ray.get_runtime_context().get_node_id()
+
+    def ip(self) -> str:
+        return ray.util.get_node_ip_address()
+
+    def free_port(self) -> int:
+        import socket
+
+        with socket.socket() as sock:
+            sock.bind(("", 0))
+            return sock.getsockname()[1]
+
+    def join(self, group_state) -> None:
+        """Attach this learner to its group (a groups.* member object, built by the driver)."""
+        self.group = group_state
+        self.group.setup(self.learner)
+
+    def set_slowdown(self, factor: float) -> None:
+        self.learner._slowdown = float(factor)
+
+    def run(self, steps: int, deadline: float | None, max_epochs: int | None, progress: float) -> dict:
+        """Up to `steps` optimizer steps, stopping early at the wall deadline (time.time()) or when
+        this learner has finished `max_epochs` epochs; returns its stats. (A group step at an
+        epoch boundary trains nothing and does not count; two in a row mean an empty shard.)"""
+        learner = self.learner
+        learner.progress = progress
+        target, idle = learner.step + steps, 0
+        while learner.step < target and idle < 2:
+            if deadline is not None and time.time() >= deadline:
+                break
+            if max_epochs is not None and learner.epoch >= max_epochs:
+                break
+            before = learner.step
+            self.group.step(learner)
+            idle = idle + 1 if learner.step == before else 0
+        return learner.take_stats()
+
+    def mix(self, rounds: int) -> int:
+        """`rounds` gossip exchanges without gradient steps; returns this learner's averages."""
+        for _ in range(rounds):
+            self.group.mix(self.learner)
+        return self.learner.averages
+
+    def perturb(self, scale: float, seed: int) -> None:
+        """Add Gaussian noise to the weights (tests: make replicas disagree)."""
+        gen = torch.Generator().manual_seed(seed)
+        flat = self.learner.flat_weights()
+        self.learner.load_flat_weights(flat + scale * torch.randn(flat.shape, generator=gen))
+
+    @ray.method(concurrency_group="mix")
+    def average(self, other: torch.Tensor) -> torch.Tensor:
+        return self.learner.average(other)
+
+    @ray.method(concurrency_group="mix")
+    def weights(self) -> torch.Tensor:
+        return self.learner.flat_weights()
+
+    @ray.method(concurrency_group="mix")
+    def load_weights(self, flat: torch.Tensor) -> None:
+        self.learner.load_flat_weights(flat)
+
+    @ray.method(concurrency_group="mix")
+    def state(self) -> dict:
+        return self.learner.state()
+
+    def load_state(self, state: dict) -> None:
+        self.learner.load_state(state)
+
+    def counters(self) -> dict:
+        return self.learner.counters()
+
+    def close(self) -> None:
+        if self.group is not None:
+            self.group.close()
+
+
+LearnerActor = ray.remote(concurrency_groups={"mix": 1})(LearnerService)

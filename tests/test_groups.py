@@ -1,0 +1,140 @@
+"""Learner groups on a real local Ray instance: gossip averaging, allreduce agreement, jobs."""
+
+import time
+
+import pytest
+import torch
+
+from orchestrator.config import parse_spec
+from orchestrator.groups import AllreduceMember, GossipMember, ring_partners
+from orchestrator.job import TrainingJob
+from orchestrator.placement import fetch, place_learners, release
+
+
+def _raw(corpus, batch_seconds=5):
+    return {"data": {"train": str(corpus / "train.jsonl"), "max_batch_seconds": batch_seconds},
+            "optim": {"lr": 3e-3, "warmup_steps": 10, "schedule": "constant"}}
+
+
+def _consensus(actors):
+    w = torch.stack(fetch([a.weights.remote() for a in actors]))
+    return float((w - w.mean(0)).norm(dim=1).mean())
+
+
+def test_ring_partners_are_passive_neighbours():
+    assert ring_partners(0, 1) == [] and ring_partners(1, 2) == []
+    assert ring_partners(0, 2) == [1]
+    assert ring_partners(0, 3) == [1] and ring_partners(2, 3) == [1]  # odd ring: both actives reach 1
+    assert ring_partners(0, 4) == [1, 3] and ring_partners(2, 4) == [1, 3]
+    assert ring_partners(4, 5) == [3]
+    for n in range(2, 9):  # every passive position is some active position's partner
+        reached = {q for p in range(0, n, 2) for q in ring_partners(p, n)}
+        assert reached == set(range(1, n, 2))
+
+
+@pytest.fixture
+def learners(ray_session, corpus):
+    made = []
+
+    def make(n):
+        pg, actors = place_learners(f"test-{len(made)}-{time.time_ns()}", n, 1.0, _raw(corpus), seed=0)
+        made.append((pg, actors))
+        return actors
+
+    yield make
+    for pg, actors in made:
+        release(pg, actors)
+
+
+def test_one_averaging_leaves_both_partners_identical(learners):
+    a, b = learners(2)
+    fetch([a.join.remote(GossipMember(0, [b])), b.join.remote(GossipMember(1, []))])
+    fetch([a.perturb.remote(0.1, 1), b.perturb.remote(0.1, 2)])
+    wa, wb = fetch([a.weights.remote(), b.weights.remote()])
+    assert not torch.equal(wa, wb)
+    fetch(a.mix.remote(1))
+    wa2, wb2 = fetch([a.weights.remote(), b.weights.remote()])
+    assert torch.equal(wa2, wb2)
+    assert torch.allclose(wa2, (wa + wb) / 2)
+
+
+def test_consensus_distance_falls_to_zero_when_learners_only_average(learners):
+    actors = learners(4)
+    fetch([a.join.remote(GossipMember(i, [actors[q] for q in ring_partners(i, 4)], seed=3))
+           for i, a in enumerate(actors)])
+    fetch([a.perturb.remote(0.1, i) for i, a in enumerate(actors)])
+    start = _consensus(actors)
+    assert start > 1.0
+    for _ in range(30):
+        fetch([actors[0].mix.remote(1), actors[2].mix.remote(1)])  # both actives, concurrently
+    assert _consensus(actors) < 1e-4 * start
+
+
+def test_gossip_ring_of_three_runs_200_steps_without_deadlock_and_everyone_mixes(learners):
+    actors = learners(3)
+    fetch([a.join.remote(GossipMember(i, [actors[q] for q in ring_partners(i, 3)], seed=1))
+           for i, a in enumerate(actors)])
+    import ray
+
+    refs = [a.run.remote(200, None, None, 0.0) for a in actors]
+    ready, _ = ray.wait(refs, num_returns=3, timeout=240)
+    assert len(ready) == 3, "gossip ring did not finish 200 steps in 240 s (deadlock?)"
+    stats = ray.get(refs)
+    assert [s["step"] for s in stats] == [200, 200, 200]
+    assert all(s["averages"] >= 1 for s in stats)
+    final = fetch([a.counters.remote() for a in actors])  # the passive may finish before the actives
+    assert final[0]["averages"] == 200 and final[2]["averages"] == 200  # actives average every step
+    assert final[1]["averages"] == 400  # the one passive learner serves both actives
+
+
+def test_allreduce_keeps_replicas_identical(learners, corpus):
+    actors = learners(2)
+    ip, port = fetch([actors[0].ip.remote(), actors[0].free_port.remote()])
+    fetch([a.join.remote(AllreduceMember(i, 2, f"{ip}:{port}")) for i, a in enumerate(actors)])
+    fetch([a.perturb.remote(0.0, 0) for a in actors])
+    stats = fetch([a.run.remote(30, None, None, 0.0) for a in actors])
+    assert stats[0]["step"] == stats[1]["step"] == 30
+    assert stats[0]["samples"] + stats[1]["samples"] > 30
+    w0, w1 = fetch([a.weights.remote() for a in actors])
+    assert torch.equal(w0, w1)
+    fetch([a.close.remote() for a in actors])
+
+
+@pytest.mark.parametrize("kind", ["gossip", "allreduce"])
+def test_two_learner_job_trains_and_leaves_nothing_behind(ray_session, corpus, tmp_path, kind):
+    import ray
+    from ray.util import placement_group_table
+
+    spec = parse_spec({**_raw(corpus, 10), "name": f"g-{kind}", "learners": 2, "group": {"kind": kind},
+                       "data": {"train": str(corpus / "train.jsonl"), "dev": str(corpus / "dev.jsonl"),
+                                "max_batch_seconds": 10},
+                       "budget": {"epochs": 3}})
+    records = []
+    summary = TrainingJob(spec, tmp_path, report=records.append).run()
+    assert [r["epoch"] for r in records] == [1, 2, 3]
+    assert summary["learners"] == 2 and summary["samples"] == 3 * 160
+    assert records[-1]["train_loss"] < records[0]["train_loss"]
+    assert "consensus_distance" in records[-1]
+    if kind == "allreduce":
+        assert records[-1]["consensus_distance"] == 0.0
+    job_id = summary["job_id"]
+    for i in range(2):  # killed actors can no longer be looked up by name
+        with pytest.raises(ValueError):
+            ray.get_actor(f"{job_id}/learner-{i}")
+    groups = [g for g in placement_group_table().values() if g["name"] == f"{job_id}/learners"]
+    assert all(g["state"] == "REMOVED" for g in groups)
+
+
+def test_resumed_job_continues_its_step_count_and_curve(ray_session, corpus, tmp_path):
+    raw = {**_raw(corpus, 10), "name": "resume", "learners": 2, "group": {"kind": "gossip"},
+           "data": {"train": str(corpus / "train.jsonl"), "dev": str(corpus / "dev.jsonl"), "max_batch_seconds": 10}}
+    first = TrainingJob(parse_spec({**raw, "budget": {"epochs": 2}}), tmp_path).run()
+    records = []
+    second = TrainingJob(parse_spec({**raw, "budget": {"epochs": 4}}), tmp_path, report=records.append,
+                         resume=True).run()
+    assert [r["epoch"] for r in records] == [3, 4]
+    assert records[0]["step"] > first["steps"] // 2
+    assert second["samples"] == 4 * 160 and second["steps"] > first["steps"]
+    lines = (tmp_path / "evals.jsonl").read_text().splitlines()
+    assert len(lines) == 4
+    assert records[0]["wall_s"] > 0 and records[0]["dev_loss"] < 1.2 * __import__("json").loads(lines[1])["dev_loss"]
