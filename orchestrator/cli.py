@@ -66,8 +66,9 @@ def train(spec_path, overrides, out, address, resume):
 
     spec = load_spec(spec_path, list(overrides))
     out = out or Path("runs") / spec.name
-    job = TrainingJob(spec, out, report=lambda r: click.echo(format_eval(r)), resume=resume)  # validates first
-    if spec.learners > 1 or address:
+    use_ray = spec.learners > 1 or address is not None
+    job = TrainingJob(spec, out, report=lambda r: click.echo(format_eval(r)), resume=resume, use_ray=use_ray)
+    if use_ray:
         import ray
 
         context = ray.init(address=address, log_to_driver=False)

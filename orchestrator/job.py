@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 
 from jobs.workload import AsrWorkload, WorkloadConfig
-from orchestrator.config import JobSpec, SpecError
-from orchestrator.groups import AllreduceMember, GossipMember, SoloMember, ring_partners
+from orchestrator.config import JobSpec
+from orchestrator.groups import AllreduceMember, GossipMember, HierarchicalMember, SoloMember, ring_partners
 from orchestrator.placement import InProcessLearner, fetch, place_learners, release
 
 Report = Callable[[dict], None]
@@ -35,11 +35,13 @@ class TrainingJob:
         out_dir: where `checkpoint.pt`, `evals.jsonl` and `summary.json` go.
         report: called with each evaluation's record (the CLI prints a console line from it).
         resume: continue from `out_dir/checkpoint.pt` (its counters, weights and curve).
+        use_ray: run the learners as Ray actors (default: when there is more than one learner).
     """
 
-    def __init__(self, spec: JobSpec, out_dir: str | Path, report: Report | None = None, resume: bool = False):
-        if spec.group.kind == "hierarchical" and spec.learners > 1:
-            raise SpecError("group.kind: hierarchical is not available yet (allreduce and gossip are)")
+    def __init__(self, spec: JobSpec, out_dir: str | Path, report: Report | None = None, resume: bool = False,
+                 use_ray: bool | None = None):
+        self.use_ray = spec.learners > 1 if use_ray is None else use_ray
+        self.node_groups: list[list[int]] = []  # hierarchical: learner indices per node
         self.spec, self.out_dir, self.resume = spec, Path(out_dir), resume
         self.report = report or (lambda record: None)
         self.workload = AsrWorkload(spec, seed=spec.seed)  # the driver's copy, for evaluation
@@ -52,7 +54,7 @@ class TrainingJob:
         spec = self.spec
         config = WorkloadConfig.model_validate(spec.model_dump(include={"data", "features", "model", "optim"}))
         raw = config.model_dump(mode="json")
-        if spec.learners == 1 and not _ray_running():
+        if not self.use_ray:
             threads = int(spec.cpus_per_learner) if spec.cpus_per_learner else (os.cpu_count() or 1)
             handles = [InProcessLearner(raw, spec.seed, 0, 1, threads)]
             members = [SoloMember()]
@@ -70,8 +72,27 @@ class TrainingJob:
             return [SoloMember()]
         if kind == "gossip":
             return [GossipMember(i, [handles[q] for q in ring_partners(i, n)], self.spec.seed) for i in range(n)]
+        if kind == "hierarchical":
+            return self._hierarchical_members(handles)
         ip, port = fetch([handles[0].ip.remote(), handles[0].free_port.remote()])
         return [AllreduceMember(i, n, f"{ip}:{port}") for i in range(n)]
+
+    def _hierarchical_members(self, handles) -> list:
+        """Learners grouped by the node they run on; each node's first learner leads it on the
+        leaders' gossip ring."""
+        by_node: dict[str, list[int]] = {}
+        for i, node in enumerate(fetch([h.node_id.remote() for h in handles])):
+            by_node.setdefault(node, []).append(i)
+        nodes = list(by_node.values())
+        leaders = [idxs[0] for idxs in nodes]
+        members: list = [None] * len(handles)
+        for k, idxs in enumerate(nodes):
+            ip, port = fetch([handles[idxs[0]].ip.remote(), handles[idxs[0]].free_port.remote()])
+            ring = GossipMember(k, [handles[leaders[q]] for q in ring_partners(k, len(nodes))], self.spec.seed)
+            for j, i in enumerate(idxs):
+                members[i] = HierarchicalMember(j, len(idxs), f"{ip}:{port}", ring if j == 0 else None)
+        self.node_groups = nodes
+        return members
 
     # -- the run --------------------------------------------------------------------------------
     def run(self) -> dict:
@@ -230,12 +251,6 @@ class TrainingJob:
             "skipped_utterances": dict(self.workload.train.skipped.counts) if self.evals else {},
             "checkpoint": str(self.out_dir / "checkpoint.pt"),
         }
-
-
-def _ray_running() -> bool:
-    import ray
-
-    return ray.is_initialized()
 
 
 def _wait_any(pending: dict) -> list[tuple[int, dict]]:

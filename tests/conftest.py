@@ -20,11 +20,23 @@ def corpus(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def ray_session():
-    """One local Ray instance for the session (4 logical CPUs on this 2-core machine, so three
-    one-CPU learners and the driver fit)."""
+def ray_cluster():
+    """A two-node Ray cluster on this machine (ray.cluster_utils.Cluster), 2 CPUs per node, for
+    the whole session; the driver is connected to it."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
+    cluster.add_node(num_cpus=2)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, log_to_driver=False)
+    yield cluster
+    ray.shutdown()
+    cluster.shutdown()
+
+
+@pytest.fixture(scope="session")
+def ray_session(ray_cluster):
     import ray
 
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
+    return ray

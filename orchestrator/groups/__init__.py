@@ -18,6 +18,7 @@ from typing import Protocol
 
 from orchestrator.groups.allreduce import AllreduceMember
 from orchestrator.groups.gossip import GossipMember, ring_partners
+from orchestrator.groups.hierarchical import HierarchicalMember
 
 
 class GroupMember(Protocol):
@@ -60,5 +61,5 @@ def next_batch_or_new_epoch(learner):
     return batch
 
 
-__all__ = ["AllreduceMember", "GossipMember", "GroupMember", "SoloMember", "next_batch_or_new_epoch",
-           "ring_partners"]
+__all__ = ["AllreduceMember", "GossipMember", "GroupMember", "HierarchicalMember", "SoloMember",
+           "next_batch_or_new_epoch", "ring_partners"]

@@ -1,0 +1,79 @@
+"""H-ADPSGD (Zhang et al., INTERSPEECH 2019): learners on one node form a "super-learner" that
+allreduces gradients among itself; the node leaders gossip in an AD-PSGD ring and hand the mix
+to their node.
+
+Per step, on every node: the leader (if active on the leaders' ring) starts averaging with a
+passive leader, every member computes its gradient meanwhile, the node allreduces the
+size-weighted gradients, the leader takes the mean from the exchange, broadcasts its weights to
+the node, and every member applies the same gradient, so a node's replicas stay identical. Each
+node's process group is its own torch.distributed world; nodes never wait for each other.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from orchestrator.groups.gossip import GossipMember
+
+
+class HierarchicalMember:
+    """Args:
+    node_rank, node_size: this learner's place in its node's group (rank 0 leads).
+    node_address: `host:port` of the node leader's rendezvous.
+    leader: the leaders' gossip member (for node_rank 0; None otherwise).
+    """
+
+    lockstep = False  # nodes run free; inside a node the collective keeps members in step
+
+    def __init__(self, node_rank: int, node_size: int, node_address: str, leader: GossipMember | None,
+                 backend: str = "gloo", timeout_s: float = 300):
+        self.node_rank, self.node_size, self.node_address = node_rank, node_size, node_address
+        self.leader, self.backend, self.timeout_s = leader, backend, timeout_s
+
+    def setup(self, learner) -> None:
+        if self.node_size > 1:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            dist.init_process_group(self.backend, init_method=f"tcp://{self.node_address}", rank=self.node_rank,
+                                    world_size=self.node_size, timeout=timedelta(seconds=self.timeout_s))
+
+    def step(self, learner) -> None:
+        exchange = self.leader._start_exchange(learner) if self.leader is not None else None
+        batch = learner.next_batch()
+        loss, size = (learner.forward_backward(batch), batch.size) if batch is not None else (0.0, 0)
+        grads = learner.flat_grads() * size if batch is not None else torch.zeros(_numel(learner))
+        buf = torch.cat([grads, torch.tensor([float(size), loss * size])])
+        started = time.perf_counter()
+        if self.node_size > 1:
+            dist.all_reduce(buf)
+        if self.leader is not None:
+            GossipMember._finish_exchange(learner, exchange)
+        if self.node_size > 1:
+            weights = learner.flat_weights()
+            dist.broadcast(weights, src=0)
+            if self.node_rank != 0:
+                learner.load_flat_weights(weights)
+        learner.comm_s += time.perf_counter() - started
+        total = float(buf[-2])
+        if total == 0:  # every shard of this node is used up
+            learner.start_next_epoch()
+            return
+        learner.load_flat_grads(buf[:-2] / total)
+        learner.optimizer_step()
+        learner.record(float(buf[-1]) / total, size)
+
+    def mix(self, learner) -> None:
+        if self.leader is not None:
+            self.leader.mix(learner)
+
+    def close(self) -> None:
+        if self.node_size > 1 and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _numel(learner) -> int:
+    return sum(p.numel() for p in learner.params)
