@@ -31,24 +31,11 @@ class GroupMember(Protocol):
     def close(self) -> None: ...
 
 
-class SoloMember:
-    """A group of one: plain local SGD steps."""
+class SoloMember(GossipMember):
+    """A group of one: a gossip member with nobody to average with takes plain local steps."""
 
-    lockstep = False
-
-    def setup(self, learner) -> None:
-        pass
-
-    def step(self, learner) -> None:
-        batch = next_batch_or_new_epoch(learner)
-        if batch is None:
-            return
-        loss = learner.forward_backward(batch)
-        learner.optimizer_step()
-        learner.record(loss, batch.size)
-
-    def close(self) -> None:
-        pass
+    def __init__(self):
+        super().__init__(position=0, partners=[])
 
 
 def next_batch_or_new_epoch(learner):
