@@ -21,6 +21,7 @@ import torch
 from jobs.workload import AsrWorkload, WorkloadConfig
 from orchestrator.config import JobSpec
 from orchestrator.groups import AllreduceMember, GossipMember, HierarchicalMember, SoloMember, ring_partners
+from orchestrator.metrics import JobMetrics
 from orchestrator.placement import InProcessLearner, fetch, place_learners, release
 
 Report = Callable[[dict], None]
@@ -48,6 +49,7 @@ class TrainingJob:
         self.job_id = f"{spec.name}-{uuid.uuid4().hex[:6]}"
         self.evals: list[dict] = []
         self.eval_model = self.workload.build_model()
+        self.metrics: JobMetrics | None = None  # made once Ray is connected (or known not to be)
 
     # -- placement ------------------------------------------------------------------------------
     def _start_learners(self):
@@ -120,6 +122,8 @@ class TrainingJob:
         deadline = start + b.wall_seconds if b.wall_seconds is not None else None
         collective = members[0].lockstep  # learners must take the same steps: the driver decides when to stop
         lockstep = collective or isinstance(handles[0], InProcessLearner)  # drive in rounds
+        self.metrics = JobMetrics(self.job_id, self._group_name(len(handles)), enabled=self.use_ray)
+        self.metrics.learners(len(handles))
         stats = fetch([h.counters.remote() for h in handles])
         first_loss = None
         next_eval_epoch = (min(s["epoch"] for s in stats) // b.eval_every_epochs + 1) * b.eval_every_epochs
@@ -153,6 +157,7 @@ class TrainingJob:
                 results = _wait_any(pending)
             for i, s in results:
                 stats[i] = s
+                self.metrics.learner_chunk(i, s)
                 if s["loss"] is not None:
                     losses.append(s["loss"])
                     first_loss = s["loss"] if first_loss is None else first_loss
@@ -191,9 +196,11 @@ class TrainingJob:
                   "samples": sum(s["samples"] for s in stats), "train_loss": round(train_loss, 4)}
         if len(handles) > 1:
             record["consensus_distance"] = round(consensus, 6)
+            self.metrics.consensus(consensus)
         if self.spec.data.dev is not None:
             dev = self.workload.evaluate(self.eval_model, self.spec.data.dev)
             record.update(dev_wer=round(dev["wer"], 2), dev_loss=round(dev["loss"], 4))
+            self.metrics.evaluation("dev", dev["wer"])
         record["wall_s"] = round(time.time() - start, 2)
         self.evals.append(record)
         with open(self.out_dir / "evals.jsonl", "a") as f:
@@ -223,11 +230,16 @@ class TrainingJob:
         self.evals = list(state["job"]["evals"])
         return float(state["job"]["wall_s"])
 
+    def _group_name(self, learners: int) -> str:
+        return self.spec.group.kind if learners > 1 else "solo"
+
     def _summarize(self, stats: list[dict], train_wall: float, wall: float, first_loss: float | None) -> dict:
         d = self.spec.data
         finals = {}
         for key, source in (("test", d.test), ("test_unseen", d.test_unseen)):
             result = self.workload.evaluate(self.eval_model, source) if source is not None else None
+            if result:
+                self.metrics.evaluation(key, result["wer"])
             finals[f"wer_{key}"] = round(result["wer"], 2) if result else None
             finals[f"utterances_{key}"] = result["utterances"] if result else 0
         last = self.evals[-1] if self.evals else {}
@@ -246,7 +258,7 @@ class TrainingJob:
             "train_wall_s": round(train_wall, 2),
             "samples_per_s": round(samples / max(train_wall, 1e-9), 2),
             "learners": len(stats),
-            "group": self.spec.group.kind if len(stats) > 1 else "solo",
+            "group": self._group_name(len(stats)),
             "consensus_distance": last.get("consensus_distance"),
             "skipped_utterances": dict(self.workload.train.skipped.counts) if self.evals else {},
             "checkpoint": str(self.out_dir / "checkpoint.pt"),

@@ -39,8 +39,8 @@ class Learner:
         self.progress = 0.0  # fraction of the job's budget spent, set by the driver
         self._shard = None
         self._slowdown = 1.0
-        self.loss_sum = self.loss_n = 0.0
-        self.compute_s = self.comm_s = 0.0
+        self.comm_s = 0.0  # communication seconds, added to by the group
+        self._reset_chunk()
 
     # -- data ---------------------------------------------------------------------------------
     def set_shard(self, rank: int, world_size: int) -> None:
@@ -64,10 +64,8 @@ class Learner:
         self.optimizer.zero_grad(set_to_none=False)
         loss = self.workload.loss(self.model, batch)
         loss.backward()
-        elapsed = time.perf_counter() - start
         if self._slowdown > 1.0:  # simulated slowness (spec: simulate.slowdown), tests and benchmarks only
-            time.sleep(elapsed * (self._slowdown - 1.0))
-        self.compute_s += time.perf_counter() - start
+            time.sleep((time.perf_counter() - start) * (self._slowdown - 1.0))
         return loss.item()
 
     def optimizer_step(self) -> None:
@@ -77,8 +75,18 @@ class Learner:
     def record(self, loss: float, samples: int) -> None:
         self.step += 1
         self.samples += samples
+        self.chunk_samples += samples
         self.loss_sum += loss
         self.loss_n += 1
+
+    def timed_step(self, group) -> None:
+        """One `group.step`; a step that trained something adds its wall and communication
+        seconds to this chunk's timings."""
+        step, comm, start = self.step, self.comm_s, time.perf_counter()
+        group.step(self)
+        if self.step > step:
+            self.step_seconds.append(time.perf_counter() - start)
+            self.comm_seconds.append(self.comm_s - comm)
 
     # -- weights ------------------------------------------------------------------------------
     def flat_weights(self) -> torch.Tensor:
@@ -136,12 +144,19 @@ class Learner:
             self._shard = None
 
     def take_stats(self) -> dict:
-        """Counters plus the mean loss and compute/communication seconds since the last call."""
+        """Counters, plus this chunk's (since the last call) mean loss, samples and per-step wall
+        and communication seconds."""
         stats = {**self.counters(), "loss": self.loss_sum / self.loss_n if self.loss_n else None,
-                 "compute_s": self.compute_s, "comm_s": self.comm_s}
-        self.loss_sum = self.loss_n = 0.0
-        self.compute_s = self.comm_s = 0.0
+                 "chunk_samples": self.chunk_samples, "step_seconds": self.step_seconds,
+                 "comm_seconds": self.comm_seconds}
+        self._reset_chunk()
         return stats
+
+    def _reset_chunk(self) -> None:
+        self.loss_sum = self.loss_n = 0.0
+        self.chunk_samples = 0
+        self.step_seconds: list[float] = []
+        self.comm_seconds: list[float] = []
 
 
 class LearnerService:
@@ -187,7 +202,7 @@ class LearnerService:
             if max_epochs is not None and learner.epoch >= max_epochs:
                 break
             before = learner.step
-            self.group.step(learner)
+            learner.timed_step(self.group)
             idle = idle + 1 if learner.step == before else 0
         return learner.take_stats()
 

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # explicit, as DESIGN.md asks; no test starts Ray yet
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # explicit, as DESIGN.md asks
 
 
 @pytest.fixture(scope="session")
@@ -26,7 +26,9 @@ def ray_cluster():
     import ray
     from ray.cluster_utils import Cluster
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
+    # metrics reach each node's exporter every second (Ray's default: 10 s)
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 2, "include_dashboard": False, "_system_config": {"metrics_report_interval_ms": 1000}})
     cluster.add_node(num_cpus=2)
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, log_to_driver=False)

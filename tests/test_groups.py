@@ -1,6 +1,7 @@
 """Learner groups on a real local Ray instance: gossip averaging, allreduce agreement, jobs."""
 
 import time
+import urllib.request
 
 import pytest
 import torch
@@ -9,12 +10,33 @@ from jobs.workload import AsrWorkload
 from orchestrator.config import parse_spec
 from orchestrator.groups import AllreduceMember, GossipMember, ring_partners
 from orchestrator.job import TrainingJob
+from orchestrator.metrics import prometheus_names
 from orchestrator.placement import fetch, place_learners, release
 
 
 def _raw(corpus, batch_seconds=5):
     return {"data": {"train": str(corpus / "train.jsonl"), "max_batch_seconds": batch_seconds},
             "optim": {"lr": 3e-3, "warmup_steps": 10, "schedule": "constant"}}
+
+
+def _job_metrics(ray, job_id: str) -> dict[str, dict[tuple, float]]:
+    """Every Chorus series of `job_id` on every node's metrics exporter: {name: {labels: value}}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    series: dict[str, dict[tuple, float]] = {}
+    for node in ray.nodes():
+        if not node["Alive"]:
+            continue
+        text = urllib.request.urlopen(f"http://{node['NodeManagerAddress']}:{node['MetricsExportPort']}/metrics",
+                                      timeout=10).read().decode()
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name.startswith("ray_chorus_") and sample.labels.get("job") == job_id:
+                    labels = tuple(sorted((k, v) for k, v in sample.labels.items()
+                                          if k in ("learner", "split", "group", "le")))
+                    by_labels = series.setdefault(sample.name, {})
+                    by_labels[labels] = by_labels.get(labels, 0.0) + sample.value
+    return series
 
 
 def _consensus(actors):
@@ -124,6 +146,21 @@ def test_two_learner_job_trains_and_leaves_nothing_behind(ray_session, corpus, t
             ray.get_actor(f"{job_id}/learner-{i}")
     groups = [g for g in placement_group_table().values() if g["name"] == f"{job_id}/learners"]
     assert all(g["state"] == "REMOVED" for g in groups)
+    # the job's metrics reach Ray's exporters, tagged by job and learner (exported every second)
+    deadline = time.time() + 30
+    while True:
+        series = _job_metrics(ray, job_id)
+        samples = series.get("ray_chorus_samples_total", {})
+        if sum(samples.values()) == summary["samples"] or time.time() > deadline:
+            break
+        time.sleep(0.5)
+    assert set(samples) == {(("learner", "0"),), (("learner", "1"),)} and min(samples.values()) > 0
+    assert sum(samples.values()) == summary["samples"]
+    assert prometheus_names() <= set(series), prometheus_names() - set(series)
+    assert series["ray_chorus_learners"] == {(("group", kind),): 2.0}
+    assert series["ray_chorus_wer"] == {(("split", "dev"),): pytest.approx(records[-1]["dev_wer"], abs=0.01)}
+    steps = sum(series["ray_chorus_steps_total"].values())
+    assert steps == sum(series["ray_chorus_step_seconds_count"].values()) >= summary["steps"]
 
 
 def test_resumed_job_continues_its_step_count_and_curve(ray_session, corpus, tmp_path):

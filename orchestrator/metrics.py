@@ -1,0 +1,111 @@
+"""Chorus's metrics: the one place where metric names live.
+
+Everything is recorded by the job's driver through `ray.util.metrics` from what the learners
+report after each chunk of steps, so one process owns the numbers and a learner killed at the end
+of a job loses none of them. Ray exports them to Prometheus with a `ray_` prefix (counters also
+get `_total`, histograms `_bucket`/`_sum`/`_count`), next to Ray's own `SessionName` tag; every
+series here also carries `job` (the job id), and per-learner series carry `learner` (its index).
+`prometheus_names()` lists the series the Grafana dashboard may query.
+
+Without a Ray connection (a one-learner job in-process) recording is a no-op.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+# name: (kind, description, tag keys)
+METRICS = {
+    "chorus_samples": ("counter", "Training utterances processed", ("job", "learner")),
+    "chorus_steps": ("counter", "Optimizer steps taken", ("job", "learner")),
+    "chorus_step_seconds": ("histogram", "Wall time of one training step, communication included",
+                            ("job", "learner")),
+    "chorus_comm_seconds": ("histogram", "Time of one step spent waiting on communication (allreduce, "
+                            "gossip exchange, broadcast)", ("job", "learner")),
+    "chorus_samples_per_second": ("gauge", "Training utterances per second over the learner's last chunk",
+                                  ("job", "learner")),
+    "chorus_train_loss": ("gauge", "Mean training loss (CTC, per utterance) over the learner's last chunk",
+                          ("job", "learner")),
+    "chorus_epoch": ("gauge", "Epochs the learner has finished", ("job", "learner")),
+    "chorus_wer": ("gauge", "Word error rate in percent of the average of all learners' weights",
+                   ("job", "split")),
+    "chorus_learners": ("gauge", "Learners in the job's group", ("job", "group")),
+    "chorus_consensus_distance": ("gauge", "Mean L2 distance of each learner's weights to their average",
+                                  ("job",)),
+}
+STEP_SECONDS_BOUNDARIES = [0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0]
+
+
+def prometheus_names() -> set[str]:
+    """The series names Prometheus sees for METRICS."""
+    names = set()
+    for name, (kind, _, _) in METRICS.items():
+        if kind == "counter":
+            names.add(f"ray_{name}_total")
+        elif kind == "histogram":
+            names |= {f"ray_{name}_bucket", f"ray_{name}_sum", f"ray_{name}_count"}
+        else:
+            names.add(f"ray_{name}")
+    return names
+
+
+@cache
+def _instruments() -> dict:
+    from ray.util.metrics import Counter, Gauge, Histogram
+
+    made = {}
+    for name, (kind, description, tags) in METRICS.items():
+        if kind == "counter":
+            made[name] = Counter(name, description, tag_keys=tags)
+        elif kind == "histogram":
+            made[name] = Histogram(name, description, boundaries=STEP_SECONDS_BOUNDARIES, tag_keys=tags)
+        else:
+            made[name] = Gauge(name, description, tag_keys=tags)
+    return made
+
+
+def _ray_connected() -> bool:
+    import ray
+
+    return ray.is_initialized()
+
+
+class JobMetrics:
+    """Records one job's metrics. Args: job_id, group (the group's kind), enabled (default: when
+    this process is connected to Ray)."""
+
+    def __init__(self, job_id: str, group: str, enabled: bool | None = None):
+        self.job_id, self.group = job_id, group
+        self.enabled = _ray_connected() if enabled is None else enabled
+        self._m = _instruments() if self.enabled else {}
+
+    def learners(self, count: int) -> None:
+        if self.enabled:
+            self._m["chorus_learners"].set(count, tags={"job": self.job_id, "group": self.group})
+
+    def learner_chunk(self, learner: int, stats: dict) -> None:
+        """One learner's report after a chunk of steps (`Learner.take_stats`)."""
+        if not self.enabled or not stats["step_seconds"]:
+            return
+        tags = {"job": self.job_id, "learner": str(learner)}
+        m = self._m
+        m["chorus_samples"].inc(stats["chunk_samples"], tags=tags)
+        m["chorus_steps"].inc(len(stats["step_seconds"]), tags=tags)
+        for seconds in stats["step_seconds"]:
+            m["chorus_step_seconds"].observe(seconds, tags=tags)
+        for seconds in stats["comm_seconds"]:
+            m["chorus_comm_seconds"].observe(seconds, tags=tags)
+        busy = sum(stats["step_seconds"])
+        if busy > 0:
+            m["chorus_samples_per_second"].set(stats["chunk_samples"] / busy, tags=tags)
+        if stats["loss"] is not None:
+            m["chorus_train_loss"].set(stats["loss"], tags=tags)
+        m["chorus_epoch"].set(stats["epoch"], tags=tags)
+
+    def evaluation(self, split: str, wer: float) -> None:
+        if self.enabled:
+            self._m["chorus_wer"].set(wer, tags={"job": self.job_id, "split": split})
+
+    def consensus(self, distance: float) -> None:
+        if self.enabled:
+            self._m["chorus_consensus_distance"].set(distance, tags={"job": self.job_id})
