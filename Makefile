@@ -17,9 +17,10 @@ install: $(STAMP)
 $(DEMO_DATA)/corpus.json: | $(STAMP)
 	$(BIN)/chorus synth $(DEMO_DATA) --utterances 2000 --seed 0
 
-# Synthesizes the tiny corpus (once), trains tiny.yaml and prints the summary JSON last.
+# Synthesizes the tiny corpus (once), trains tiny.yaml with 2 gossip learners on a local Ray cluster
+# started in-process (it prints the dashboard URL) and prints the summary JSON last.
 demo: $(STAMP) $(DEMO_DATA)/corpus.json
-	$(BIN)/chorus train jobs/configs/tiny.yaml --out runs/demo
+	$(BIN)/chorus train jobs/configs/tiny.yaml --set learners=2 --set group.kind=gossip --out runs/demo
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

@@ -98,6 +98,7 @@ class TrainingJob:
 
     # -- the run --------------------------------------------------------------------------------
     def run(self) -> dict:
+        self.started_at = time.time()
         self.out_dir.mkdir(parents=True, exist_ok=True)
         pg, handles = None, []
         try:
@@ -230,6 +231,11 @@ class TrainingJob:
         self.evals = list(state["job"]["evals"])
         return float(state["job"]["wall_s"])
 
+    def _startup_s(self, stats: list[dict]) -> float | None:
+        """Seconds from `run()` to the first completed training step of any learner."""
+        firsts = [s["first_step_at"] for s in stats if s.get("first_step_at") is not None]
+        return round(min(firsts) - self.started_at, 3) if firsts else None
+
     def _group_name(self, learners: int) -> str:
         return self.spec.group.kind if learners > 1 else "solo"
 
@@ -255,6 +261,7 @@ class TrainingJob:
             "samples": samples,
             "epochs": last.get("epoch", 0),
             "wall_s": round(wall, 2),
+            "startup_s": self._startup_s(stats),
             "train_wall_s": round(train_wall, 2),
             "samples_per_s": round(samples / max(train_wall, 1e-9), 2),
             "learners": len(stats),

@@ -40,6 +40,7 @@ class Learner:
         self._shard = None
         self._slowdown = 1.0
         self.comm_s = 0.0  # communication seconds, added to by the group
+        self.first_step_at: float | None = None  # time.time() when this process finished its first step
         self._reset_chunk()
 
     # -- data ---------------------------------------------------------------------------------
@@ -73,6 +74,8 @@ class Learner:
             self.workload.optimizer_step(self.model, self.optimizer, self.step, self.progress)
 
     def record(self, loss: float, samples: int) -> None:
+        if self.first_step_at is None:
+            self.first_step_at = time.time()
         self.step += 1
         self.samples += samples
         self.chunk_samples += samples
@@ -148,7 +151,7 @@ class Learner:
         and communication seconds."""
         stats = {**self.counters(), "loss": self.loss_sum / self.loss_n if self.loss_n else None,
                  "chunk_samples": self.chunk_samples, "step_seconds": self.step_seconds,
-                 "comm_seconds": self.comm_seconds}
+                 "comm_seconds": self.comm_seconds, "first_step_at": self.first_step_at}
         self._reset_chunk()
         return stats
 
