@@ -121,18 +121,21 @@ class Corpus:
 
 
 class ShardBatches:
-    """One shard's batches of one epoch; `len()` is known before any audio is read. A batch whose
-    every utterance turns out unreadable is left out."""
+    """One shard's batches of one epoch, from planned batch `start` on; `len()` is known before any
+    audio is read. A batch whose every utterance turns out unreadable is left out. `position` is
+    the number of planned batches handed out (or left out) so far, counted from the epoch's start,
+    so a resumed learner can carry on from there."""
 
-    def __init__(self, corpus: Corpus, plan: list[list[int]]):
-        self.corpus, self.plan = corpus, plan
+    def __init__(self, corpus: Corpus, plan: list[list[int]], start: int = 0):
+        self.corpus, self.plan, self.position = corpus, plan, start
 
     def __len__(self) -> int:
         return len(self.plan)
 
     def __iter__(self) -> Iterator[Batch]:
-        for indices in self.plan:
-            batch = self.corpus.collate(indices)
+        while self.position < len(self.plan):
+            batch = self.corpus.collate(self.plan[self.position])
+            self.position += 1
             if batch is not None:
                 yield batch
 
@@ -184,11 +187,12 @@ class AsrWorkload:
         optimizer.step()
         return float(norm)
 
-    def batches(self, rank: int, world_size: int, epoch: int) -> ShardBatches:
-        """This rank's batches for one epoch: a sized iterable that loads audio as it goes."""
+    def batches(self, rank: int, world_size: int, epoch: int, start: int = 0) -> ShardBatches:
+        """This rank's batches for one epoch, from planned batch `start` on: a sized iterable that
+        loads audio as it goes."""
         corpus = self.train
         plan = shard_batches(corpus.durations, self.config.data.max_batch_seconds, epoch, self.seed, rank, world_size)
-        return ShardBatches(corpus, plan)
+        return ShardBatches(corpus, plan, start)
 
     def loss(self, model: torch.nn.Module, batch: Batch) -> torch.Tensor:
         """Mean per-utterance CTC loss; SpecAugment is applied when the model is in training mode."""

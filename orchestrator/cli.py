@@ -77,7 +77,14 @@ def train(spec_path, overrides, out, address, resume):
     learners = f"{spec.learners} learner{'s' if spec.learners > 1 else ''}"
     group = f", {spec.group.kind}" if spec.learners > 1 else ""
     click.echo(f"chorus: training {spec.name} ({spec.model.kind}, {learners}{group}) -> {out}")
-    summary = job.run()
+    try:
+        summary = job.run()
+    except KeyboardInterrupt:
+        checkpoint, last = out / "checkpoint.pt", job.evals[-1] if job.evals else None
+        where = (f"the last checkpoint is {checkpoint} (epoch {last['epoch']:g}, step {last['step']}); "
+                 "run the same command with --resume to continue" if last else "no checkpoint was written yet")
+        click.echo(f"chorus: interrupted, learners released; {where}", err=True)
+        sys.exit(130)
     click.echo(json.dumps(summary))
 
 

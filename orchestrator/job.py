@@ -229,6 +229,8 @@ class TrainingJob:
             raise ValueError(f"{path}: has {len(state['learners'])} learners, the spec asks for {len(handles)}")
         fetch([h.load_state.remote(s) for h, s in zip(handles, state["learners"], strict=True)])
         self.evals = list(state["job"]["evals"])
+        # the curve as of the checkpoint: drop evaluations a stopped run wrote after it
+        (self.out_dir / "evals.jsonl").write_text("".join(json.dumps(r) + "\n" for r in self.evals))
         return float(state["job"]["wall_s"])
 
     def _startup_s(self, stats: list[dict]) -> float | None:

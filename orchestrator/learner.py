@@ -37,7 +37,9 @@ class Learner:
         self.lock = threading.Lock()
         self.step = self.samples = self.epoch = self.averages = 0
         self.progress = 0.0  # fraction of the job's budget spent, set by the driver
-        self._shard = None
+        self._shard = self._batches = None  # this epoch's ShardBatches and its iterator
+        self.position = 0  # planned batches of this epoch that recorded steps have used
+        self._drawn = 0  # position after the batch handed out last
         self._slowdown = 1.0
         self.comm_s = 0.0  # communication seconds, added to by the group
         self.first_step_at: float | None = None  # time.time() when this process finished its first step
@@ -51,11 +53,15 @@ class Learner:
     def next_batch(self):
         """The next batch of this epoch's shard, or None when the shard is used up."""
         if self._shard is None:
-            self._shard = iter(self.workload.batches(self.rank, self.world_size, self.epoch))
-        return next(self._shard, None)
+            self._batches = self.workload.batches(self.rank, self.world_size, self.epoch, start=self.position)
+            self._shard = iter(self._batches)
+        batch = next(self._shard, None)
+        self._drawn = self._batches.position
+        return batch
 
     def start_next_epoch(self) -> None:
         self.epoch += 1
+        self.position = 0
         self._shard = None
 
     # -- compute ------------------------------------------------------------------------------
@@ -69,15 +75,16 @@ class Learner:
             time.sleep((time.perf_counter() - start) * (self._slowdown - 1.0))
         return loss.item()
 
-    def optimizer_step(self) -> None:
+    def apply_step(self, loss: float, samples: int) -> None:
+        """The optimizer step on the gradients in `.grad`, and the counters that go with it, in
+        one atomic change (a state read never sees weights and counters of different steps)."""
         with self.lock:
             self.workload.optimizer_step(self.model, self.optimizer, self.step, self.progress)
-
-    def record(self, loss: float, samples: int) -> None:
+            self.step += 1
+            self.samples += samples
+            self.position = self._drawn
         if self.first_step_at is None:
             self.first_step_at = time.time()
-        self.step += 1
-        self.samples += samples
         self.chunk_samples += samples
         self.loss_sum += loss
         self.loss_n += 1
@@ -132,7 +139,8 @@ class Learner:
 
     # -- state --------------------------------------------------------------------------------
     def counters(self) -> dict:
-        return {"step": self.step, "samples": self.samples, "epoch": self.epoch, "averages": self.averages}
+        return {"step": self.step, "samples": self.samples, "epoch": self.epoch, "position": self.position,
+                "averages": self.averages}
 
     def state(self) -> dict:
         with self.lock:
@@ -144,6 +152,7 @@ class Learner:
             c = state["counters"]
             self.step, self.samples, self.epoch = c["step"], c["samples"], c["epoch"]
             self.averages = c.get("averages", 0)
+            self.position = c.get("position", 0)  # carry on inside the epoch where the checkpoint was
             self._shard = None
 
     def take_stats(self) -> dict:

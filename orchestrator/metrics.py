@@ -89,7 +89,8 @@ class JobMetrics:
             return
         tags = {"job": self.job_id, "learner": str(learner)}
         m = self._m
-        m["chorus_samples"].inc(stats["chunk_samples"], tags=tags)
+        if stats["chunk_samples"] > 0:  # an allreduce member with a used-up shard steps without samples
+            m["chorus_samples"].inc(stats["chunk_samples"], tags=tags)
         m["chorus_steps"].inc(len(stats["step_seconds"]), tags=tags)
         for seconds in stats["step_seconds"]:
             m["chorus_step_seconds"].observe(seconds, tags=tags)

@@ -163,19 +163,64 @@ def test_two_learner_job_trains_and_leaves_nothing_behind(ray_session, corpus, t
     assert steps == sum(series["ray_chorus_step_seconds_count"].values()) >= summary["steps"]
 
 
-def test_resumed_job_continues_its_step_count_and_curve(ray_session, corpus, tmp_path):
-    raw = {**_raw(corpus, 10), "name": "resume", "learners": 2, "group": {"kind": "gossip"},
-           "data": {"train": str(corpus / "train.jsonl"), "dev": str(corpus / "dev.jsonl"), "max_batch_seconds": 10}}
-    first = TrainingJob(parse_spec({**raw, "budget": {"epochs": 2}}), tmp_path).run()
-    records = []
-    second = TrainingJob(parse_spec({**raw, "budget": {"epochs": 4}}), tmp_path, report=records.append,
-                         resume=True).run()
-    assert [r["epoch"] for r in records] == [3, 4]
-    assert records[0]["step"] > first["steps"] // 2
-    assert second["samples"] == 4 * 160 and second["steps"] > first["steps"]
-    lines = (tmp_path / "evals.jsonl").read_text().splitlines()
-    assert len(lines) == 4
-    assert records[0]["wall_s"] > 0 and records[0]["dev_loss"] < 1.2 * __import__("json").loads(lines[1])["dev_loss"]
+def _eval_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("epoch ")]
+
+
+def test_job_interrupted_midway_resumes_its_step_count_data_position_and_curve(ray_cluster, corpus, tmp_path):
+    """`chorus train` on the test cluster, interrupted (SIGINT) after its epoch-2 checkpoint, then
+    run again with --resume: it carries on from the checkpoint instead of starting over."""
+    import json
+    import signal
+    import subprocess
+    import sys
+
+    import ray
+    from ray.util import placement_group_table
+
+    spec = tmp_path / "resume.yaml"
+    spec.write_text(json.dumps({
+        **_raw(corpus, 10), "name": "resume", "learners": 2, "group": {"kind": "gossip"},
+        "data": {"train": str(corpus / "train.jsonl"), "dev": str(corpus / "dev.jsonl"), "max_batch_seconds": 10},
+        "budget": {"epochs": 5}}))
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "orchestrator.cli", "train", str(spec), "--out", str(out),
+               "--address", ray_cluster.address]
+    stopped = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    before = []
+    for line in stopped.stdout:  # eval lines are printed after their checkpoint is written
+        if line.startswith("epoch "):
+            before.append(line)
+            if len(before) == 2:
+                stopped.send_signal(signal.SIGINT)
+                break
+    rest, stderr = stopped.communicate(timeout=120)
+    assert stopped.returncode == 130, stderr
+    assert "Traceback" not in stderr
+    assert "interrupted, learners released; the last checkpoint is" in stderr
+    assert "run the same command with --resume" in stderr
+    assert not [a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith("resume-")]
+    assert all(g["state"] == "REMOVED" for g in placement_group_table().values() if g["name"].startswith("resume-"))
+    curve_at_stop = [json.loads(line) for line in (out / "evals.jsonl").read_text().splitlines()]
+
+    resumed = subprocess.run(command + ["--resume"], capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr
+    summary = json.loads(resumed.stdout.strip().splitlines()[-1])
+    curve = [json.loads(line) for line in (out / "evals.jsonl").read_text().splitlines()]
+    after = _eval_lines(resumed.stdout)
+    # the curve keeps its first part and goes on from the checkpoint, without repeats
+    checkpointed = torch.load(out / "checkpoint.pt", weights_only=False)["job"]["evals"]
+    assert curve == checkpointed
+    assert len(curve_at_stop) >= 2 and curve[:2] == curve_at_stop[:2]
+    assert len(curve) == 2 + len(after) and [r["epoch"] for r in curve] == sorted({r["epoch"] for r in curve})
+    assert curve[2]["epoch"] > 2 and curve[-1]["epoch"] == 5
+    # from its step count: the first new evaluation is later than the checkpoint's, not step ~1
+    assert curve[2]["step"] > curve[1]["step"]
+    # from its place in the data: every utterance once per epoch across the stop, none twice
+    assert summary["samples"] == 5 * 160
+    # the dev curve continues near where it was rather than back at the untrained model's loss
+    assert curve[2]["dev_loss"] < curve[0]["dev_loss"] and curve[2]["dev_loss"] < 1.2 * curve[1]["dev_loss"]
+    assert curve[2]["wall_s"] > curve[1]["wall_s"]
 
 
 def test_hierarchical_two_nodes_by_two_learners(ray_cluster, corpus, tmp_path):

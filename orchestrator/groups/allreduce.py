@@ -53,8 +53,7 @@ class AllreduceMember:
             learner.start_next_epoch()
             return
         learner.load_flat_grads(buf[:-2] / total)
-        learner.optimizer_step()
-        learner.record(float(buf[-1]) / total, size)
+        learner.apply_step(float(buf[-1]) / total, size)
 
     def close(self) -> None:
         if dist.is_initialized():

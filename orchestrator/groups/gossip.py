@@ -50,8 +50,7 @@ class GossipMember:
         exchange = self._start_exchange(learner)
         loss = learner.forward_backward(batch)  # overlaps the exchange
         self._finish_exchange(learner, exchange)
-        learner.optimizer_step()
-        learner.record(loss, batch.size)
+        learner.apply_step(loss, batch.size)
 
     def mix(self, learner) -> None:
         """One exchange without a gradient step (tests and consensus checks)."""

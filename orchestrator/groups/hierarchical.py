@@ -63,8 +63,7 @@ class HierarchicalMember:
             learner.start_next_epoch()
             return
         learner.load_flat_grads(buf[:-2] / total)
-        learner.optimizer_step()
-        learner.record(float(buf[-1]) / total, size)
+        learner.apply_step(float(buf[-1]) / total, size)
 
     def mix(self, learner) -> None:
         if self.leader is not None:
