@@ -179,19 +179,21 @@ class TrainingJob:
         return summary
 
     # -- evaluation and checkpoints ---------------------------------------------------------------
-    def _average_weights(self, handles) -> tuple[torch.Tensor, float]:
-        weights = fetch([h.weights.remote() for h in handles])
-        stacked = torch.stack(weights)
-        mean = stacked.mean(dim=0)
-        consensus = float((stacked - mean).norm(dim=1).mean())
-        return mean, consensus
-
-    def _load_eval_model(self, mean: torch.Tensor) -> None:
-        torch.nn.utils.vector_to_parameters(mean, [p for p in self.eval_model.parameters() if p.requires_grad])
+    def _average_model(self, states: list[dict]) -> float:
+        """Load the average of the learners' models into the evaluation model (floating-point
+        parameters and buffers averaged, integer buffers taken from learner 0); returns the
+        consensus distance (mean L2 distance of each learner's trainable weights to their mean)."""
+        models = [s["model"] for s in states]
+        mean = {k: torch.stack([m[k] for m in models]).mean(0) if v.is_floating_point() else v
+                for k, v in models[0].items()}
+        self.eval_model.load_state_dict(mean)
+        trainable = [k for k, p in self.eval_model.named_parameters() if p.requires_grad]
+        flat = torch.stack([torch.cat([m[k].reshape(-1) for k in trainable]) for m in models])
+        return float((flat - flat.mean(0)).norm(dim=1).mean())
 
     def _evaluate(self, handles, stats: list[dict], train_loss: float, start: float) -> None:
-        mean, consensus = self._average_weights(handles)
-        self._load_eval_model(mean)
+        states = fetch([h.state.remote() for h in handles])  # one read serves the average and the checkpoint
+        consensus = self._average_model(states)
         epoch = sum(s["epoch"] for s in stats) / len(stats)
         record = {"epoch": round(epoch, 3), "step": sum(s["step"] for s in stats) // len(stats),
                   "samples": sum(s["samples"] for s in stats), "train_loss": round(train_loss, 4)}
@@ -206,14 +208,14 @@ class TrainingJob:
         self.evals.append(record)
         with open(self.out_dir / "evals.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")
-        self.save_checkpoint(handles, record["wall_s"])
+        self.save_checkpoint(states, record["wall_s"])
         self.report(record)
 
-    def save_checkpoint(self, handles, wall_s: float) -> Path:
+    def save_checkpoint(self, states: list[dict], wall_s: float) -> Path:
         """Write the whole job atomically to `checkpoint.pt`: spec, every learner's state, the
         averaged model (what `chorus eval` reads) and the curve so far."""
         path = self.out_dir / "checkpoint.pt"
-        state = {"spec": self.spec.model_dump(mode="json"), "learners": fetch([h.state.remote() for h in handles]),
+        state = {"spec": self.spec.model_dump(mode="json"), "learners": states,
                  "model": self.eval_model.state_dict(), "job": {"wall_s": wall_s, "evals": self.evals}}
         tmp = path.with_suffix(".tmp")
         torch.save(state, tmp)

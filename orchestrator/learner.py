@@ -33,6 +33,13 @@ class Learner:
         self.model.train()
         self.optimizer = self.workload.build_optimizer(self.model)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
+        # every gradient is a view into one flat buffer (as DDP's gradient_as_bucket_view), so groups
+        # all-reduce it in place without copies; two extra slots carry the batch size and loss
+        self.grad_buffer = torch.zeros(sum(p.numel() for p in self.params) + 2)
+        offset = 0
+        for p in self.params:
+            p.grad = self.grad_buffer[offset:offset + p.numel()].view_as(p)
+            offset += p.numel()
         self.rank, self.world_size = rank, world_size
         self.lock = threading.Lock()
         self.step = self.samples = self.epoch = self.averages = 0
@@ -126,16 +133,8 @@ class Learner:
         return mean
 
     def flat_grads(self) -> torch.Tensor:
-        return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in self.params])
-
-    def load_flat_grads(self, flat: torch.Tensor) -> None:
-        offset = 0
-        for p in self.params:
-            n = p.numel()
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            p.grad.copy_(flat[offset:offset + n].view_as(p))
-            offset += n
+        """The gradients as one flat tensor (a view: no copy)."""
+        return self.grad_buffer[:-2]
 
     # -- state --------------------------------------------------------------------------------
     def counters(self) -> dict:

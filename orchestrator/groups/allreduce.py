@@ -36,25 +36,37 @@ class AllreduceMember:
                                 world_size=self.world_size, timeout=timedelta(seconds=self.timeout_s))
 
     def step(self, learner) -> None:
-        batch = learner.next_batch()
-        if batch is not None:
-            loss = learner.forward_backward(batch)
-            size = batch.size
-            grads = learner.flat_grads() * size
-        else:
-            loss, size = 0.0, 0
-            grads = torch.zeros(sum(p.numel() for p in learner.params))
-        buf = torch.cat([grads, torch.tensor([float(size), loss * size])])
+        buf, size = weighted_gradients(learner, learner.next_batch())
         start = time.perf_counter()
         dist.all_reduce(buf)
         learner.comm_s += time.perf_counter() - start
-        total = float(buf[-2])
-        if total == 0:
-            learner.start_next_epoch()
-            return
-        learner.load_flat_grads(buf[:-2] / total)
-        learner.apply_step(float(buf[-1]) / total, size)
+        apply_reduced_gradients(learner, buf, size)
 
     def close(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def weighted_gradients(learner, batch) -> tuple[torch.Tensor, int]:
+    """This learner's share of a size-weighted gradient sum, built in place in its gradient buffer
+    (gradients x batch size, then the batch size, then loss x batch size; zeros without a batch),
+    and its batch size."""
+    buf = learner.grad_buffer
+    if batch is None:
+        buf.zero_()
+        return buf, 0
+    loss = learner.forward_backward(batch)
+    buf[:-2].mul_(batch.size)
+    buf[-2], buf[-1] = float(batch.size), loss * batch.size
+    return buf, batch.size
+
+
+def apply_reduced_gradients(learner, buf: torch.Tensor, size: int) -> None:
+    """After the all-reduce: the mean gradient of the union of everyone's batches, applied; or, when
+    every shard is used up (summed batch size 0), the start of the next epoch."""
+    total = float(buf[-2])
+    if total == 0:
+        learner.start_next_epoch()
+        return
+    buf[:-2].div_(total)
+    learner.apply_step(float(buf[-1]) / total, size)

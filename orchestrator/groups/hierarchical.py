@@ -14,9 +14,9 @@ from __future__ import annotations
 import time
 from datetime import timedelta
 
-import torch
 import torch.distributed as dist
 
+from orchestrator.groups.allreduce import apply_reduced_gradients, weighted_gradients
 from orchestrator.groups.gossip import GossipMember
 
 
@@ -43,10 +43,7 @@ class HierarchicalMember:
 
     def step(self, learner) -> None:
         exchange = self.leader._start_exchange(learner) if self.leader is not None else None
-        batch = learner.next_batch()
-        loss, size = (learner.forward_backward(batch), batch.size) if batch is not None else (0.0, 0)
-        grads = learner.flat_grads() * size if batch is not None else torch.zeros(_numel(learner))
-        buf = torch.cat([grads, torch.tensor([float(size), loss * size])])
+        buf, size = weighted_gradients(learner, learner.next_batch())
         started = time.perf_counter()
         if self.node_size > 1:
             dist.all_reduce(buf)
@@ -58,12 +55,7 @@ class HierarchicalMember:
             if self.node_rank != 0:
                 learner.load_flat_weights(weights)
         learner.comm_s += time.perf_counter() - started
-        total = float(buf[-2])
-        if total == 0:  # every shard of this node is used up
-            learner.start_next_epoch()
-            return
-        learner.load_flat_grads(buf[:-2] / total)
-        learner.apply_step(float(buf[-1]) / total, size)
+        apply_reduced_gradients(learner, buf, size)  # every shard of this node used up: next epoch
 
     def mix(self, learner) -> None:
         if self.leader is not None:
@@ -72,7 +64,3 @@ class HierarchicalMember:
     def close(self) -> None:
         if self.node_size > 1 and dist.is_initialized():
             dist.destroy_process_group()
-
-
-def _numel(learner) -> int:
-    return sum(p.numel() for p in learner.params)
