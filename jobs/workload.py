@@ -12,6 +12,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -71,6 +72,13 @@ class Batch:
     @property
     def size(self) -> int:
         return len(self.ids)
+
+    def to(self, device: torch.device) -> Batch:
+        """The batch with its tensors on `device` (itself when they are there already)."""
+        if self.feats.device == device:
+            return self
+        return dataclasses.replace(self, **{k: getattr(self, k).to(device, non_blocking=True)
+                                            for k in ("feats", "feat_lengths", "targets", "target_lengths")})
 
 
 class Corpus:
@@ -195,7 +203,9 @@ class AsrWorkload:
         return ShardBatches(corpus, plan, start)
 
     def loss(self, model: torch.nn.Module, batch: Batch) -> torch.Tensor:
-        """Mean per-utterance CTC loss; SpecAugment is applied when the model is in training mode."""
+        """Mean per-utterance CTC loss; SpecAugment is applied when the model is in training mode.
+        The batch moves to the model's device."""
+        batch = batch.to(_device_of(model))
         feats = self.spec_augment(batch.feats) if model.training else batch.feats
         log_probs, out_lengths = model(feats, batch.feat_lengths)
         return ctc_loss(log_probs, out_lengths, batch.targets, batch.target_lengths)
@@ -213,6 +223,7 @@ class AsrWorkload:
             batch = corpus.collate(chunk)
             if batch is None:
                 continue
+            batch = batch.to(_device_of(model))
             log_probs, out_lengths = model(batch.feats, batch.feat_lengths)
             loss_sum += ctc_loss(log_probs, out_lengths, batch.targets, batch.target_lengths).item() * batch.size
             hyps += greedy_decode(log_probs, out_lengths, self.tokenizer)
@@ -237,6 +248,10 @@ class AsrWorkload:
         model.load_state_dict(state["model"])
         if optimizer is not None and "optimizer" in state:
             optimizer.load_state_dict(state["optimizer"])
+
+
+def _device_of(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
 
 
 def _chunks_by_budget(order: list[int], durations: list[float], budget: float) -> Iterator[list[int]]:

@@ -74,12 +74,13 @@ class TrainingJob:
             return [SoloMember()]
         if kind == "gossip":
             return [GossipMember(i, [handles[q] for q in ring_partners(i, n)], self.spec.seed) for i in range(n)]
+        backend = "nccl" if set(fetch([h.device.remote() for h in handles])) == {"cuda"} else "gloo"
         if kind == "hierarchical":
-            return self._hierarchical_members(handles)
+            return self._hierarchical_members(handles, backend)
         ip, port = fetch([handles[0].ip.remote(), handles[0].free_port.remote()])
-        return [AllreduceMember(i, n, f"{ip}:{port}") for i in range(n)]
+        return [AllreduceMember(i, n, f"{ip}:{port}", backend) for i in range(n)]
 
-    def _hierarchical_members(self, handles) -> list:
+    def _hierarchical_members(self, handles, backend: str) -> list:
         """Learners grouped by the node they run on; each node's first learner leads it on the
         leaders' gossip ring."""
         by_node: dict[str, list[int]] = {}
@@ -92,7 +93,7 @@ class TrainingJob:
             ip, port = fetch([handles[idxs[0]].ip.remote(), handles[idxs[0]].free_port.remote()])
             ring = GossipMember(k, [handles[leaders[q]] for q in ring_partners(k, len(nodes))], self.spec.seed)
             for j, i in enumerate(idxs):
-                members[i] = HierarchicalMember(j, len(idxs), f"{ip}:{port}", ring if j == 0 else None)
+                members[i] = HierarchicalMember(j, len(idxs), f"{ip}:{port}", ring if j == 0 else None, backend)
         self.node_groups = nodes
         return members
 

@@ -24,18 +24,22 @@ class Learner:
     seed: the job's seed (every learner starts from the same initial weights).
     rank, world_size: this learner's shard.
     threads: torch intra-op threads for this learner.
+
+    The model lives on the GPU when the process sees one (a learner actor placed with num_gpus=1),
+    on the CPU otherwise. Weights and states cross the learner's boundary as CPU tensors.
     """
 
     def __init__(self, workload_config: dict, seed: int, rank: int, world_size: int, threads: int = 1):
         torch.set_num_threads(max(1, threads))
+        self.device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
         self.workload = AsrWorkload(WorkloadConfig.model_validate(workload_config), seed=seed)
-        self.model = self.workload.build_model()
+        self.model = self.workload.build_model().to(self.device)
         self.model.train()
         self.optimizer = self.workload.build_optimizer(self.model)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         # every gradient is a view into one flat buffer (as DDP's gradient_as_bucket_view), so groups
         # all-reduce it in place without copies; two extra slots carry the batch size and loss
-        self.grad_buffer = torch.zeros(sum(p.numel() for p in self.params) + 2)
+        self.grad_buffer = torch.zeros(sum(p.numel() for p in self.params) + 2, device=self.device)
         offset = 0
         for p in self.params:
             p.grad = self.grad_buffer[offset:offset + p.numel()].view_as(p)
@@ -106,11 +110,15 @@ class Learner:
             self.comm_seconds.append(self.comm_s - comm)
 
     # -- weights ------------------------------------------------------------------------------
-    def flat_weights(self) -> torch.Tensor:
+    def flat_weights(self, on_device: bool = False) -> torch.Tensor:
+        """A copy of the trainable weights as one flat tensor: on the CPU, or on the learner's
+        device (for collectives)."""
         with self.lock:
-            return torch.nn.utils.parameters_to_vector([p.data for p in self.params]).clone()
+            flat = torch.nn.utils.parameters_to_vector([p.data for p in self.params])
+        return flat.clone() if on_device or self.device.type == "cpu" else flat.cpu()
 
     def load_flat_weights(self, flat: torch.Tensor) -> None:
+        flat = flat.to(self.device)
         with self.lock:
             self._assign(flat)
 
@@ -124,13 +132,15 @@ class Learner:
             offset += n
 
     def average(self, other: torch.Tensor) -> torch.Tensor:
-        """Atomically replace these weights with the mean of these and `other`; return the mean."""
+        """Atomically replace these weights with the mean of these and `other`; return the mean
+        (on the CPU)."""
+        other = other.to(self.device)
         with self.lock:
             mine = torch.nn.utils.parameters_to_vector([p.data for p in self.params])
             mean = (mine + other) / 2
             self._assign(mean)
             self.averages += 1
-        return mean
+        return mean.cpu()
 
     def flat_grads(self) -> torch.Tensor:
         """The gradients as one flat tensor (a view: no copy)."""
@@ -142,8 +152,9 @@ class Learner:
                 "averages": self.averages}
 
     def state(self) -> dict:
+        """Model, optimizer and counters: a consistent copy on the CPU, taken under the weight lock."""
         with self.lock:
-            return {**self.workload.state_dict(self.model, self.optimizer), "counters": self.counters()}
+            return _cpu_copy({**self.workload.state_dict(self.model, self.optimizer), "counters": self.counters()})
 
     def load_state(self, state: dict) -> None:
         with self.lock:
@@ -170,6 +181,16 @@ class Learner:
         self.comm_seconds: list[float] = []
 
 
+def _cpu_copy(value):
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {k: _cpu_copy(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_cpu_copy(v) for v in value)
+    return value
+
+
 class LearnerService:
     """What a learner offers its driver and its group: `run` trains; averaging requests and weight
     reads are served on the `mix` concurrency group, concurrently with `run`. `LearnerActor` is
@@ -178,6 +199,9 @@ class LearnerService:
     def __init__(self, workload_config: dict, seed: int, rank: int, world_size: int, threads: int = 1):
         self.learner = Learner(workload_config, seed, rank, world_size, threads)
         self.group = None
+
+    def device(self) -> str:
+        return self.learner.device.type
 
     def node_id(self) -> str:
         return ray.get_runtime_context().get_node_id()

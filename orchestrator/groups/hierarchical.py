@@ -50,7 +50,7 @@ class HierarchicalMember:
         if self.leader is not None:
             GossipMember._finish_exchange(learner, exchange)
         if self.node_size > 1:
-            weights = learner.flat_weights()
+            weights = learner.flat_weights(on_device=True)
             dist.broadcast(weights, src=0)
             if self.node_rank != 0:
                 learner.load_flat_weights(weights)
