@@ -70,3 +70,25 @@ def test_cli_rejects_a_bad_spec_before_training(corpus, tmp_path):
     assert f"{spec}: model.hiden (from --set): unknown key" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_learner_gradients_share_one_buffer_and_its_state_is_a_snapshot(corpus):
+    from orchestrator.learner import Learner
+
+    raw = _spec(corpus, max_batch_seconds=10, epochs=1).model_dump(mode="json",
+                                                                   include={"data", "features", "model", "optim"})
+    learner = Learner(raw, seed=0, rank=0, world_size=1)
+    batch = learner.next_batch()
+    learner.forward_backward(batch)
+    # backward accumulated into the flat buffer the groups all-reduce, not into new tensors
+    buffer = learner.grad_buffer.untyped_storage().data_ptr()
+    assert all(p.grad.untyped_storage().data_ptr() == buffer for p in learner.params)
+    assert float(learner.flat_grads().abs().sum()) > 0
+    snapshot = learner.state()
+    before = {k: v.clone() for k, v in snapshot["model"].items()}
+    learner.apply_step(1.0, batch.size)
+    after = learner.state()
+    assert after["counters"]["step"] == 1 and after["counters"]["position"] == 1
+    assert snapshot["counters"]["step"] == 0 and snapshot["counters"]["position"] == 0
+    assert all(torch.equal(before[k], v) for k, v in snapshot["model"].items())  # the snapshot did not move
+    assert not all(torch.equal(before[k], v) for k, v in after["model"].items())  # the model did
