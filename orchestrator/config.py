@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from jobs.workload import WorkloadConfig
 
@@ -50,6 +50,27 @@ class GroupConfig(BaseModel):
     kind: Literal["allreduce", "gossip", "hierarchical"] = "allreduce"
 
 
+class SimulateConfig(BaseModel):
+    """Test and benchmark aids, never needed in production.
+
+    slowdown: learner index -> factor (>= 1) that stretches each of that learner's compute steps
+        (it sleeps factor - 1 times as long as it computed), to imitate a slower GPU on one machine.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    slowdown: dict[int, float] = Field(default_factory=dict)
+
+    @field_validator("slowdown")
+    @classmethod
+    def _factors(cls, value: dict[int, float]) -> dict[int, float]:
+        for index, factor in value.items():
+            if index < 0:
+                raise ValueError(f"learner index {index} is negative")
+            if factor < 1.0:
+                raise ValueError(f"learner {index}: factor {factor} is below 1 (it can only slow a learner down)")
+        return value
+
+
 class JobSpec(WorkloadConfig):
     """A training job: the workload's sections plus budget, learners, group and seed.
 
@@ -63,6 +84,15 @@ class JobSpec(WorkloadConfig):
     cpus_per_learner: float | None = Field(None, gt=0)
     group: GroupConfig = GroupConfig()
     seed: int = 0
+    simulate: SimulateConfig = SimulateConfig()
+
+    @model_validator(mode="after")
+    def _slowdown_learners_exist(self) -> JobSpec:
+        beyond = sorted(i for i in self.simulate.slowdown if i >= self.learners)
+        if beyond:
+            raise ValueError(f"simulate.slowdown names learner {beyond[0]}, but the job has {self.learners} "
+                             f"(indices 0..{self.learners - 1})")
+        return self
 
 
 def apply_overrides(raw: dict, overrides: list[str], where: str = "<spec>") -> dict:

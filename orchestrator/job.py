@@ -108,6 +108,7 @@ class TrainingJob:
             if not self.resume:
                 (self.out_dir / "evals.jsonl").write_text("")
             fetch([h.join.remote(m) for h, m in zip(handles, members, strict=True)])
+            fetch([handles[i].set_slowdown.remote(f) for i, f in self.spec.simulate.slowdown.items()])
             return self._train(handles, members, wall_before)
         finally:
             if handles:

@@ -42,6 +42,9 @@ def test_valid_spec_and_overrides(spec_file):
     (["learners=0"], "learners (from --set): Input should be greater than or equal to 1"),
     (["optim.lr.x=1"], "'optim.lr' is a value, not a section"),
     (["optim.lr"], "expected key=value"),
+    (["simulate.slowdown={1: 3.0}"], "simulate.slowdown names learner 1, but the job has 1 (indices 0..0)"),
+    (["learners=2", "simulate.slowdown={0: 0.5}"],
+     "simulate.slowdown (from --set): learner 0: factor 0.5 is below 1"),
 ])
 def test_bad_values_name_the_file_and_key(spec_file, overrides, expected):
     with pytest.raises(SpecError) as err:
