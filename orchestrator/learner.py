@@ -47,6 +47,7 @@ class Learner:
         self.rank, self.world_size = rank, world_size
         self.lock = threading.Lock()
         self.step = self.samples = self.epoch = self.averages = 0
+        self.failed_exchanges = 0  # gossip exchanges lost to a partner that died
         self.progress = 0.0  # fraction of the job's budget spent, set by the driver
         self._shard = self._batches = None  # this epoch's ShardBatches and its iterator
         self.position = 0  # planned batches of this epoch that recorded steps have used
@@ -149,7 +150,7 @@ class Learner:
     # -- state --------------------------------------------------------------------------------
     def counters(self) -> dict:
         return {"step": self.step, "samples": self.samples, "epoch": self.epoch, "position": self.position,
-                "averages": self.averages}
+                "averages": self.averages, "failed_exchanges": self.failed_exchanges}
 
     def state(self) -> dict:
         """Model, optimizer and counters: a consistent copy on the CPU, taken under the weight lock."""

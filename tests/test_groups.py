@@ -81,6 +81,19 @@ def test_one_averaging_leaves_both_partners_identical(learners):
     assert torch.allclose(wa2, (wa + wb) / 2)
 
 
+def test_a_dead_partner_costs_an_exchange_not_an_error(learners):
+    import ray
+
+    a, b = learners(2)
+    fetch([a.join.remote(GossipMember(0, [b])), b.join.remote(GossipMember(1, []))])
+    before = fetch(a.weights.remote())
+    ray.kill(b)
+    assert fetch(a.mix.remote(1)) == 0  # no average happened, and no exception reached the caller
+    assert torch.equal(fetch(a.weights.remote()), before)
+    stats = fetch(a.run.remote(3, None, None, 0.0))  # and the learner keeps training on its own
+    assert stats["step"] == 3 and stats["averages"] == 0 and stats["failed_exchanges"] == 4
+
+
 def test_consensus_distance_falls_to_zero_when_learners_only_average(learners):
     actors = learners(4)
     fetch([a.join.remote(GossipMember(i, [actors[q] for q in ring_partners(i, 4)], seed=3))

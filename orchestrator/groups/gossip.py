@@ -6,7 +6,8 @@ averaging atomically under its weight lock (on its `mix` concurrency group, whil
 both end with the same mean. The exchange overlaps the active learner's next gradient computation
 (delay-by-one): the gradient computed on the pre-average weights is applied to the mean. There is
 no global barrier, and on a ring of odd size the last active position still has a passive
-neighbour, so every learner keeps mixing.
+neighbour, so every learner keeps mixing. A partner that has died costs its neighbour that one
+exchange (counted in `failed_exchanges`), never an error or a hang.
 """
 
 from __future__ import annotations
@@ -67,10 +68,15 @@ class GossipMember:
         if exchange is None:
             return
         waited = time.perf_counter()
-        mean = ray.get(exchange)
+        try:
+            mean = ray.get(exchange)
+        except ray.exceptions.RayActorError:  # the partner died: this step goes unmixed
+            learner.failed_exchanges += 1
+            return
+        finally:
+            learner.comm_s += time.perf_counter() - waited
         learner.load_flat_weights(mean)  # the passive partner now holds the same mean
         learner.averages += 1
-        learner.comm_s += time.perf_counter() - waited
 
     def close(self) -> None:
         pass
