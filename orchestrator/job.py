@@ -191,7 +191,8 @@ class TrainingJob:
         self.eval_model.load_state_dict(mean)
         trainable = [k for k, p in self.eval_model.named_parameters() if p.requires_grad]
         flat = torch.stack([torch.cat([m[k].reshape(-1) for k in trainable]) for m in models])
-        return float((flat - flat.mean(0)).norm(dim=1).mean())
+        flat_mean = torch.cat([mean[k].reshape(-1) for k in trainable])
+        return float((flat - flat_mean).norm(dim=1).mean())
 
     def _evaluate(self, handles, stats: list[dict], train_loss: float, start: float) -> None:
         states = fetch([h.state.remote() for h in handles])  # one read serves the average and the checkpoint

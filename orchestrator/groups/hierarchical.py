@@ -44,7 +44,7 @@ class HierarchicalMember:
     def step(self, learner) -> None:
         exchange = self.leader._start_exchange(learner) if self.leader is not None else None
         buf, size = weighted_gradients(learner, learner.next_batch())
-        started = time.perf_counter()
+        comm_before, started = learner.comm_s, time.perf_counter()
         if self.node_size > 1:
             dist.all_reduce(buf)
         if self.leader is not None:
@@ -54,8 +54,9 @@ class HierarchicalMember:
             dist.broadcast(weights, src=0)
             if self.node_rank != 0:
                 learner.load_flat_weights(weights)
-        learner.comm_s += time.perf_counter() - started
-        apply_reduced_gradients(learner, buf, size)  # every shard of this node used up: next epoch
+        # the whole interval, exchange wait included (so what _finish_exchange added is not counted twice)
+        learner.comm_s = comm_before + time.perf_counter() - started
+        apply_reduced_gradients(learner, buf, size)
 
     def mix(self, learner) -> None:
         if self.leader is not None:
