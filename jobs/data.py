@@ -185,7 +185,7 @@ def _read_librispeech(root: Path, report: SkipReport) -> list[Utterance]:
 
 
 def shard_batches(durations: list[float] | np.ndarray, max_batch_seconds: float, epoch: int, seed: int,
-                  rank: int = 0, world_size: int = 1) -> list[list[int]]:
+                  rank: int = 0, world_size: int = 1, weights: list[float] | None = None) -> list[list[int]]:
     """Rank `rank`'s batches (indices into `durations`) for one epoch.
 
     Over all ranks of one epoch every utterance appears exactly once. Utterances are sorted by
@@ -193,7 +193,12 @@ def shard_batches(durations: list[float] | np.ndarray, max_batch_seconds: float,
     of lengths and sizes differ by at most one utterance; each shard is then cut into batches of
     similar durations whose padded size (utterances x longest) stays within `max_batch_seconds`
     (an utterance longer than the budget gets a batch of its own). The result depends only on
-    (seed, epoch, rank, world_size), so the world size may change from one epoch to the next.
+    (seed, epoch, rank, world_size, weights), so the world size may change between epochs.
+
+    `weights` (one per rank, e.g. measured speeds) make shards unequal: rank r gets a share
+    weights[r] / sum(weights) of every length group and a batch budget of `max_batch_seconds` x
+    world_size x that share, so all ranks have about as many batches and the summed batch over
+    ranks stays what equal shards would give.
     """
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is outside world size {world_size}")
@@ -201,10 +206,15 @@ def shard_batches(durations: list[float] | np.ndarray, max_batch_seconds: float,
     rng = np.random.default_rng([seed, epoch])
     jitter = rng.uniform(0.97, 1.03, size=len(durations))  # varies batch composition between epochs
     order = np.argsort(durations * jitter, kind="stable")
-    owner = np.empty(len(order), dtype=np.int64)
-    for start in range(0, len(order), world_size):
-        group = order[start:start + world_size]
-        owner[group] = rng.permutation(world_size)[: len(group)]
+    if weights is None:
+        owner = np.empty(len(order), dtype=np.int64)
+        for start in range(0, len(order), world_size):
+            group = order[start:start + world_size]
+            owner[group] = rng.permutation(world_size)[: len(group)]
+    else:
+        share = _shares(weights, world_size)
+        owner = _deal_by_share(order, share, rng)
+        max_batch_seconds = max_batch_seconds * world_size * float(share[rank])
     mine = order[owner[order] == rank]
     batches, current, longest = [], [], 0.0
     for i in mine:
@@ -218,3 +228,23 @@ def shard_batches(durations: list[float] | np.ndarray, max_batch_seconds: float,
         batches.append(current)
     rank_rng = np.random.default_rng([seed, epoch, world_size, rank])
     return [batches[j] for j in rank_rng.permutation(len(batches))]
+
+
+def _shares(weights: list[float], world_size: int) -> np.ndarray:
+    w = np.asarray(weights, dtype=np.float64)
+    if len(w) != world_size or not np.all(w > 0):
+        raise ValueError(f"weights must be {world_size} positive numbers, got {list(weights)}")
+    return w / w.sum()
+
+
+def _deal_by_share(order: np.ndarray, share: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Owner of each utterance when `order` (sorted by length) is dealt out so that every prefix
+    gives rank r about share[r] of it (stride scheduling; ties broken at random)."""
+    owner = np.empty(len(order), dtype=np.int64)
+    credit = rng.uniform(0, 1e-6, size=len(share))
+    for i in order:
+        credit += share
+        r = int(np.argmax(credit))
+        owner[i] = r
+        credit[r] -= 1.0
+    return owner

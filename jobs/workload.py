@@ -195,11 +195,14 @@ class AsrWorkload:
         optimizer.step()
         return float(norm)
 
-    def batches(self, rank: int, world_size: int, epoch: int, start: int = 0) -> ShardBatches:
+    def batches(self, rank: int, world_size: int, epoch: int, start: int = 0,
+                weights: list[float] | None = None) -> ShardBatches:
         """This rank's batches for one epoch, from planned batch `start` on: a sized iterable that
-        loads audio as it goes."""
+        loads audio as it goes. `weights` (one per rank) size the shards unequally
+        (`jobs.data.shard_batches`)."""
         corpus = self.train
-        plan = shard_batches(corpus.durations, self.config.data.max_batch_seconds, epoch, self.seed, rank, world_size)
+        plan = shard_batches(corpus.durations, self.config.data.max_batch_seconds, epoch, self.seed, rank, world_size,
+                             weights)
         return ShardBatches(corpus, plan, start)
 
     def loss(self, model: torch.nn.Module, batch: Batch) -> torch.Tensor:

@@ -62,11 +62,12 @@ def format_eval(record: dict) -> str:
 @_fail_on_spec_error
 def train(spec_path, overrides, out, address, resume):
     """Train the job SPEC (YAML); prints one line per evaluation and the summary JSON last."""
+    from orchestrator.elastic import CapacityTimeout
     from orchestrator.job import TrainingJob
 
     spec = load_spec(spec_path, list(overrides))
     out = out or Path("runs") / spec.name
-    use_ray = spec.learners > 1 or address is not None
+    use_ray = spec.learners.max > 1 or address is not None
     job = TrainingJob(spec, out, report=lambda r: click.echo(format_eval(r)), resume=resume, use_ray=use_ray)
     if use_ray:
         import ray
@@ -74,11 +75,15 @@ def train(spec_path, overrides, out, address, resume):
         context = ray.init(address=address, log_to_driver=False)
         url = getattr(context, "dashboard_url", None)
         click.echo(f"chorus: Ray dashboard at http://{url}" if url else "chorus: Ray dashboard not running")
-    learners = f"{spec.learners} learner{'s' if spec.learners > 1 else ''}"
-    group = f", {spec.group.kind}" if spec.learners > 1 else ""
+    n = spec.learners
+    learners = f"{n.max} learner{'s' if n.max > 1 else ''}" if n.fixed else f"{n.min} to {n.max} learners"
+    group = f", {spec.group.kind}" if n.max > 1 else ""
     click.echo(f"chorus: training {spec.name} ({spec.model.kind}, {learners}{group}) -> {out}")
     try:
         summary = job.run()
+    except CapacityTimeout as exc:
+        click.echo(f"chorus: {exc}; nothing of the job is left on the cluster", err=True)
+        sys.exit(3)
     except KeyboardInterrupt:
         checkpoint, last = out / "checkpoint.pt", job.evals[-1] if job.evals else None
         where = (f"the last checkpoint is {checkpoint} (epoch {last['epoch']:g}, step {last['step']}); "

@@ -44,10 +44,45 @@ class BudgetConfig(BaseModel):
 class GroupConfig(BaseModel):
     """Args:
     kind: how learners keep their models in agreement: `allreduce`, `gossip` or `hierarchical`.
+    balance: adapt to learners of different speeds (measured samples/s): `allreduce` sizes each
+        learner's shard and batches in proportion to its speed (the global batch stays the same),
+        `gossip` puts the slowest learners at passive ring positions.
     """
 
     model_config = ConfigDict(extra="forbid")
     kind: Literal["allreduce", "gossip", "hierarchical"] = "allreduce"
+    balance: bool = True
+
+
+class LearnersConfig(BaseModel):
+    """How many learners: the job starts once `min` are placed and grows to `max` as capacity
+    appears; below `min` (learners lost, no capacity) it waits up to `wait_timeout_s` seconds for
+    more, then gives up. A plain integer in the spec means a fixed size (min = max).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    min: int = Field(1, ge=1)
+    max: int = Field(1, ge=1)
+    wait_timeout_s: float = Field(600.0, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _plain_count(cls, value: Any) -> Any:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return {"min": value, "max": value}
+        if isinstance(value, dict) and "max" not in value and isinstance(value.get("min"), int):
+            return {**value, "max": value["min"]}
+        return value
+
+    @model_validator(mode="after")
+    def _ordered(self) -> LearnersConfig:
+        if self.min > self.max:
+            raise ValueError(f"min ({self.min}) is above max ({self.max})")
+        return self
+
+    @property
+    def fixed(self) -> bool:
+        return self.min == self.max
 
 
 class SimulateConfig(BaseModel):
@@ -55,6 +90,8 @@ class SimulateConfig(BaseModel):
 
     slowdown: learner index -> factor (>= 1) that stretches each of that learner's compute steps
         (it sleeps factor - 1 times as long as it computed), to imitate a slower GPU on one machine.
+        Indices are learner ids: the first learners placed are 0..max-1; a learner that replaces
+        a lost one gets a new id and runs at full speed.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -76,22 +113,26 @@ class JobSpec(WorkloadConfig):
 
     `cpus_per_learner` is each learner's CPU reservation on Ray (default 1; fractions share a
     core); a one-learner job run without Ray uses all of this machine's cores unless it is set.
+    `learner_resources` adds custom resources to each learner's reservation (e.g. `{v100: 1}` to
+    keep learners on the nodes that advertise it).
     """
 
     name: str = Field("chorus", pattern=r"^[A-Za-z0-9_.-]+$")
     budget: BudgetConfig = BudgetConfig()
-    learners: int = Field(1, ge=1)
+    learners: LearnersConfig = LearnersConfig()
     cpus_per_learner: float | None = Field(None, gt=0)
+    learner_resources: dict[str, float] = Field(default_factory=dict)
     group: GroupConfig = GroupConfig()
     seed: int = 0
     simulate: SimulateConfig = SimulateConfig()
 
     @model_validator(mode="after")
     def _slowdown_learners_exist(self) -> JobSpec:
-        beyond = sorted(i for i in self.simulate.slowdown if i >= self.learners)
+        n = self.learners.max
+        beyond = sorted(i for i in self.simulate.slowdown if i >= n)
         if beyond:
-            raise ValueError(f"simulate.slowdown names learner {beyond[0]}, but the job has {self.learners} "
-                             f"(indices 0..{self.learners - 1})")
+            raise ValueError(f"simulate.slowdown names learner {beyond[0]}, but the job has at most {n} "
+                             f"(indices 0..{n - 1})")
         return self
 
 
@@ -147,7 +188,7 @@ def load_spec(path: str | Path, overrides: list[str] = (), model: type[BaseModel
 
     Example:
         >>> spec = load_spec("jobs/configs/tiny.yaml", ["optim.lr=0.001", "learners=2"])
-        >>> spec.optim.lr, spec.learners
+        >>> spec.optim.lr, spec.learners.max
         (0.001, 2)
     """
     path = Path(path)

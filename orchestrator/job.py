@@ -1,16 +1,18 @@
-"""TrainingJob: place the learners, run their group for the spec's budget, evaluate the average of
-all learners' weights on `dev` as it goes and on `test`/`test_unseen` at the end, checkpoint the
-whole job (every learner's state and counters) into the output folder, resume from it, and write
-`summary.json`.
+"""TrainingJob: the driver loop. Runs the learners' group for the spec's budget while its
+membership changes (`orchestrator/elastic.py` adds and drops learners; the loop re-forms the
+group around them), evaluates the average of all live learners' weights on `dev` as it goes and
+on `test`/`test_unseen` at the end, checkpoints the whole job (every learner's state, the shard
+plan, the curve) into the output folder, resumes from it, and writes `summary.json`.
 
-Jobs with more than one learner run on Ray (one actor per learner, one placement group per job);
-a one-learner job runs the same learner in this process.
+Jobs that may have more than one learner run on Ray (one actor and placement group per
+learner); a one-learner job runs the same learner in this process.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -20,9 +22,10 @@ import torch
 
 from jobs.workload import AsrWorkload, WorkloadConfig
 from orchestrator.config import JobSpec
-from orchestrator.groups import AllreduceMember, GossipMember, HierarchicalMember, SoloMember, ring_partners
+from orchestrator.elastic import Membership
+from orchestrator.events import EventLog
 from orchestrator.metrics import JobMetrics
-from orchestrator.placement import InProcessLearner, fetch, place_learners, release
+from orchestrator.placement import fetch
 
 Report = Callable[[dict], None]
 CHUNK_STEPS = 8  # steps per `run` call: how often the driver looks at budget and evaluations
@@ -33,16 +36,15 @@ class TrainingJob:
 
     Args:
         spec: a validated job spec.
-        out_dir: where `checkpoint.pt`, `evals.jsonl` and `summary.json` go.
+        out_dir: where `checkpoint.pt`, `evals.jsonl`, `events.jsonl` and `summary.json` go.
         report: called with each evaluation's record (the CLI prints a console line from it).
-        resume: continue from `out_dir/checkpoint.pt` (its counters, weights and curve).
-        use_ray: run the learners as Ray actors (default: when there is more than one learner).
+        resume: continue from `out_dir/checkpoint.pt` (its counters, weights, shard plan and curve).
+        use_ray: run the learners as Ray actors (default: when the spec allows more than one).
     """
 
     def __init__(self, spec: JobSpec, out_dir: str | Path, report: Report | None = None, resume: bool = False,
                  use_ray: bool | None = None):
-        self.use_ray = spec.learners > 1 if use_ray is None else use_ray
-        self.node_groups: list[list[int]] = []  # hierarchical: learner indices per node
+        self.use_ray = spec.learners.max > 1 if use_ray is None else use_ray
         self.spec, self.out_dir, self.resume = spec, Path(out_dir), resume
         self.report = report or (lambda record: None)
         self.workload = AsrWorkload(spec, seed=spec.seed)  # the driver's copy, for evaluation
@@ -50,135 +52,212 @@ class TrainingJob:
         self.evals: list[dict] = []
         self.eval_model = self.workload.build_model()
         self.metrics: JobMetrics | None = None  # made once Ray is connected (or known not to be)
+        self.membership: Membership | None = None
+        self.events: EventLog | None = None
+        self._stop = threading.Event()
+        self._last_states: dict[int, dict] = {}
+        self._first_step_at: float | None = None
+        self.recoveries: list[dict] = []  # membership changes: when, when re-formed, when stepping again
 
-    # -- placement ------------------------------------------------------------------------------
-    def _start_learners(self):
-        spec = self.spec
-        config = WorkloadConfig.model_validate(spec.model_dump(include={"data", "features", "model", "optim"}))
-        raw = config.model_dump(mode="json")
-        if not self.use_ray:
-            threads = int(spec.cpus_per_learner) if spec.cpus_per_learner else (os.cpu_count() or 1)
-            handles = [InProcessLearner(raw, spec.seed, 0, 1, threads)]
-            members = [SoloMember()]
-            return None, handles, members
-        import ray
+    @property
+    def node_groups(self) -> list[list[int]]:
+        """hierarchical: learner ids per node, as last formed."""
+        return self.membership.node_groups if self.membership else []
 
-        if not ray.is_initialized():
-            ray.init()
-        pg, handles = place_learners(self.job_id, spec.learners, spec.cpus_per_learner or 1.0, raw, spec.seed)
-        return pg, handles, self._members(handles)
-
-    def _members(self, handles) -> list:
-        n, kind = len(handles), self.spec.group.kind
-        if n == 1:
-            return [SoloMember()]
-        if kind == "gossip":
-            return [GossipMember(i, [handles[q] for q in ring_partners(i, n)], self.spec.seed) for i in range(n)]
-        backend = "nccl" if set(fetch([h.device.remote() for h in handles])) == {"cuda"} else "gloo"
-        if kind == "hierarchical":
-            return self._hierarchical_members(handles, backend)
-        ip, port = fetch([handles[0].ip.remote(), handles[0].free_port.remote()])
-        return [AllreduceMember(i, n, f"{ip}:{port}", backend) for i in range(n)]
-
-    def _hierarchical_members(self, handles, backend: str) -> list:
-        """Learners grouped by the node they run on; each node's first learner leads it on the
-        leaders' gossip ring."""
-        by_node: dict[str, list[int]] = {}
-        for i, node in enumerate(fetch([h.node_id.remote() for h in handles])):
-            by_node.setdefault(node, []).append(i)
-        nodes = list(by_node.values())
-        leaders = [idxs[0] for idxs in nodes]
-        members: list = [None] * len(handles)
-        for k, idxs in enumerate(nodes):
-            ip, port = fetch([handles[idxs[0]].ip.remote(), handles[idxs[0]].free_port.remote()])
-            ring = GossipMember(k, [handles[leaders[q]] for q in ring_partners(k, len(nodes))], self.spec.seed)
-            for j, i in enumerate(idxs):
-                members[i] = HierarchicalMember(j, len(idxs), f"{ip}:{port}", ring if j == 0 else None, backend)
-        self.node_groups = nodes
-        return members
+    def stop(self) -> None:
+        """Finish early but cleanly (from another thread): the learners end their current chunk,
+        the job evaluates, writes its summary and returns."""
+        self._stop.set()
 
     # -- the run --------------------------------------------------------------------------------
     def run(self) -> dict:
         self.started_at = time.time()
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        pg, handles = None, []
-        try:
-            pg, handles, members = self._start_learners()
-            wall_before = self._restore(handles) if self.resume else 0.0
-            if not self.resume:
-                (self.out_dir / "evals.jsonl").write_text("")
-            fetch([h.join.remote(m) for h, m in zip(handles, members, strict=True)])
-            fetch([handles[i].set_slowdown.remote(f) for i, f in self.spec.simulate.slowdown.items()])
-            return self._train(handles, members, wall_before)
-        finally:
-            if handles:
-                try:
-                    fetch([h.close.remote() for h in handles])
-                except Exception:
-                    pass
-            if pg is not None:
-                release(pg, handles)
+        checkpoint = self._read_checkpoint() if self.resume else None
+        for name in ("evals.jsonl", "events.jsonl"):
+            if not self.resume or not (self.out_dir / name).exists():
+                (self.out_dir / name).write_text("")
+        if self.use_ray:
+            import ray
 
-    def _train(self, handles, members, wall_before: float) -> dict:
-        b = self.spec.budget
+            if not ray.is_initialized():
+                ray.init()
+        self.metrics = JobMetrics(self.job_id, self.spec.group.kind if self.use_ray else "solo", enabled=self.use_ray)
+        self.events = EventLog(self.out_dir / "events.jsonl", self.metrics, self.started_at)
+        config = WorkloadConfig.model_validate(self.spec.model_dump(include={"data", "features", "model", "optim"}))
+        self.membership = Membership(self.job_id, self.spec, config.model_dump(mode="json"), self.events,
+                                     self.metrics, self.use_ray, fallback_state=self._fallback_state)
+        try:
+            slots = self.membership.start(checkpoint["learner_ids"] if checkpoint else [])
+            wall_before = self._restore(checkpoint, slots) if checkpoint else 0.0
+            self._form_group()
+            return self._train(wall_before)
+        finally:
+            if self.membership.live:
+                try:
+                    fetch([s.handle.close.remote() for s in self.membership.live.values()])
+                except Exception:  # noqa: BLE001 - learners that are gone need no closing
+                    pass
+            self.membership.release()
+
+    def _form_group(self) -> None:
+        """(Re-)form the group; learners that die while joining are dropped and it is formed again."""
+        m = self.membership
+        while True:
+            if m.below_min():
+                m.wait_for_min()
+            if not m.form_group():
+                break
+        self.metrics.learners(len(m.live))
+
+    def _train(self, wall_before: float) -> dict:
+        b, m = self.spec.budget, self.membership
         start = time.time() - wall_before
         deadline = start + b.wall_seconds if b.wall_seconds is not None else None
-        collective = members[0].lockstep  # learners must take the same steps: the driver decides when to stop
-        lockstep = collective or isinstance(handles[0], InProcessLearner)  # drive in rounds
-        self.metrics = JobMetrics(self.job_id, self._group_name(len(handles)), enabled=self.use_ray)
-        self.metrics.learners(len(handles))
-        stats = fetch([h.counters.remote() for h in handles])
+        lockstep = m.collective or not self.use_ray  # drive in rounds: the driver decides when to stop
+        reform = False  # a collective group changed: re-form it once every learner is between chunks
         first_loss = None
-        next_eval_epoch = (min(s["epoch"] for s in stats) // b.eval_every_epochs + 1) * b.eval_every_epochs
+        for slot in m.live.values():
+            slot.stats = fetch(slot.handle.counters.remote())
+        last_epoch = min(self._epochs())
+        next_eval_epoch = (last_epoch // b.eval_every_epochs + 1) * b.eval_every_epochs
         last_eval = time.time()
         losses: list[float] = []
+        pending: dict = {}  # run ref -> learner id
 
         def progress() -> float:
             fractions = []
             if b.epochs is not None:
-                fractions.append(sum(s["epoch"] for s in stats) / len(stats) / b.epochs)
+                epochs = self._epochs()
+                fractions.append(sum(epochs) / len(epochs) / b.epochs)
             if deadline is not None:
                 fractions.append((time.time() - start) / b.wall_seconds)
             return min(1.0, max(fractions))
 
-        def done(s) -> bool:
-            out_of_epochs = b.epochs is not None and s["epoch"] >= b.epochs
-            return out_of_epochs or (deadline is not None and time.time() >= deadline)
+        def done(stats) -> bool:
+            out_of_epochs = b.epochs is not None and stats.get("epoch", 0) >= b.epochs
+            return out_of_epochs or (deadline is not None and time.time() >= deadline) or self._stop.is_set()
 
-        def dispatch(i):
-            return handles[i].run.remote(CHUNK_STEPS, None if collective else deadline, b.epochs, progress())
+        def dispatch(slot) -> None:
+            ref = slot.handle.run.remote(CHUNK_STEPS, None if lockstep else deadline, b.epochs, progress())
+            pending[ref] = slot.id
 
-        pending = {} if lockstep else {dispatch(i): i for i in range(len(handles)) if not done(stats[i])}
-        while True:
-            if lockstep:
-                if done(stats[0]):
-                    break
-                results = list(enumerate(fetch([dispatch(i) for i in range(len(handles))])))
+        def changed(learner_id: int, cause: str) -> None:
+            """Membership changed: gossip swaps its ring in at once; the collectives re-form."""
+            nonlocal reform
+            self._recovery_opened(cause, learner_id)
+            if m.kind == "gossip":
+                m.form_group()
+                self._recovery_regrouped()
             else:
-                if not pending:
+                reform = True
+
+        while True:
+            for slot in m.poll():
+                changed(slot.id, "join")
+            if m.below_min():
+                self._drain(pending)
+                for slot in m.wait_for_min():
+                    self._recovery_opened("join", slot.id)
+                reform = True
+            if reform and not pending:
+                self._form_group()
+                self._recovery_regrouped()
+                reform = False
+            if lockstep:
+                if not m.live or all(done(s.stats) for s in m.live.values()):
                     break
-                results = _wait_any(pending)
-            for i, s in results:
-                stats[i] = s
-                self.metrics.learner_chunk(i, s)
-                if s["loss"] is not None:
-                    losses.append(s["loss"])
-                    first_loss = s["loss"] if first_loss is None else first_loss
-                if not lockstep and not done(s):
-                    pending[dispatch(i)] = i
-            epoch_now = min(s["epoch"] for s in stats)
+                for slot in m.slots():
+                    dispatch(slot)
+                results, failed = _gather(pending)
+            else:
+                if not reform:
+                    running = set(pending.values())
+                    for slot in m.slots():
+                        if slot.id not in running and slot.in_group and not done(slot.stats):
+                            dispatch(slot)
+                if not pending:
+                    if reform:
+                        continue
+                    break
+                results, failed = _wait_any(pending, timeout=1.0)
+            for learner_id, stats in results:
+                loss = self._observe(learner_id, stats)
+                if loss is not None:
+                    losses.append(loss)
+                    first_loss = loss if first_loss is None else first_loss
+                if stats.get("broken"):
+                    reform = True
+            for learner_id, error in failed:
+                m.drop(learner_id, error)
+                changed(learner_id, "failure")
+            if not m.live or reform:
+                continue
+            epoch_now = min(self._epochs())
+            if epoch_now > last_epoch:  # at every epoch boundary: adapt to the speeds measured
+                last_epoch = epoch_now
+                m.rebalance()
             due = epoch_now >= next_eval_epoch or (
                 b.eval_every_seconds is not None and time.time() - last_eval >= b.eval_every_seconds)
             if due and losses:
-                self._evaluate(handles, stats, sum(losses) / len(losses), start)
+                self._evaluate(sum(losses) / len(losses), start)
                 losses, last_eval = [], time.time()
                 next_eval_epoch = (epoch_now // b.eval_every_epochs + 1) * b.eval_every_epochs
+        self._drain(pending)
         train_wall = time.time() - start
-        if losses:
-            self._evaluate(handles, stats, sum(losses) / len(losses), start)
-        summary = self._summarize(stats, train_wall, time.time() - start, first_loss)
+        if losses or not self.evals:
+            self._evaluate(sum(losses) / len(losses) if losses else float("nan"), start)
+        summary = self._summarize(train_wall, time.time() - start, first_loss)
         (self.out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         return summary
+
+    def _epochs(self) -> list[int]:
+        return [s.stats.get("epoch", 0) for s in self.membership.live.values()] or [0]
+
+    def _observe(self, learner_id: int, stats: dict) -> float | None:
+        """One learner's chunk report: its slot, metrics, recoveries; returns its mean loss."""
+        m = self.membership
+        if learner_id not in m.live:
+            return None
+        slot = m.live[learner_id]
+        slot.observe(stats)
+        self.metrics.learner_chunk(learner_id, stats)
+        if slot.speed is not None:
+            self.metrics.speed(learner_id, slot.speed)
+        if stats.get("first_step_at") is not None:
+            self._first_step_at = min(self._first_step_at or stats["first_step_at"], stats["first_step_at"])
+        self._recovery_stepped(learner_id, stats.get("chunk_first_step_at"))
+        return stats["loss"]
+
+    def _drain(self, pending: dict) -> None:
+        """Let every running chunk finish (the learners are then between chunks)."""
+        results, failed = _gather(pending)
+        for learner_id, stats in results:
+            self._observe(learner_id, stats)
+        for learner_id, error in failed:
+            self.membership.drop(learner_id, error)
+            self._recovery_opened("failure", learner_id)
+
+    # -- recovery times (what bench/elastic.py reports) ------------------------------------------
+    def _recovery_opened(self, cause: str, learner_id: int) -> None:
+        self.recoveries.append({"cause": cause, "learner": learner_id, "at": round(time.time(), 3),
+                                "regrouped_at": None, "stepping_at": None})
+
+    def _recovery_regrouped(self) -> None:
+        now = round(time.time(), 3)
+        for r in self.recoveries:
+            if r["regrouped_at"] is None:
+                r["regrouped_at"] = now
+
+    def _recovery_stepped(self, learner_id: int, first_step_at: float | None) -> None:
+        """The group steps with its new membership once a learner of it completes a step after
+        the change took effect (for a join: the newcomer itself)."""
+        if first_step_at is None:
+            return
+        for r in self.recoveries:
+            if r["stepping_at"] is None and r["regrouped_at"] is not None and first_step_at >= r["regrouped_at"] \
+                    and (r["cause"] != "join" or r["learner"] == learner_id):
+                r["stepping_at"] = round(first_step_at, 3)
 
     # -- evaluation and checkpoints ---------------------------------------------------------------
     def _average_model(self, states: list[dict]) -> float:
@@ -194,13 +273,24 @@ class TrainingJob:
         flat_mean = torch.cat([mean[k].reshape(-1) for k in trainable])
         return float((flat - flat_mean).norm(dim=1).mean())
 
-    def _evaluate(self, handles, stats: list[dict], train_loss: float, start: float) -> None:
-        states = fetch([h.state.remote() for h in handles])  # one read serves the average and the checkpoint
-        consensus = self._average_model(states)
+    def _evaluate(self, train_loss: float, start: float) -> None:
+        """Average the live learners' models, evaluate on dev, checkpoint, report. A learner that
+        cannot be read (it died) is dropped and the rest are evaluated."""
+        m = self.membership
+        refs = {s.handle.state.remote(): s.id for s in m.slots()}  # one read: the average and the checkpoint
+        states, failed = _gather(refs)
+        for learner_id, error in failed:
+            m.drop(learner_id, error)
+        if not states:
+            return
+        states.sort(key=lambda item: item[0])
+        consensus = self._average_model([state for _, state in states])
+        self._last_states = dict(states)
+        stats = [m.live[i].stats for i, _ in states if i in m.live] or [st["counters"] for _, st in states]
         epoch = sum(s["epoch"] for s in stats) / len(stats)
         record = {"epoch": round(epoch, 3), "step": sum(s["step"] for s in stats) // len(stats),
-                  "samples": sum(s["samples"] for s in stats), "train_loss": round(train_loss, 4)}
-        if len(handles) > 1:
+                  "samples": self._samples(), "train_loss": round(train_loss, 4), "learners": len(states)}
+        if len(states) > 1:
             record["consensus_distance"] = round(consensus, 6)
             self.metrics.consensus(consensus)
         if self.spec.data.dev is not None:
@@ -211,43 +301,58 @@ class TrainingJob:
         self.evals.append(record)
         with open(self.out_dir / "evals.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")
-        self.save_checkpoint(states, record["wall_s"])
+        self.save_checkpoint(self._last_states, record["wall_s"])
         self.report(record)
 
-    def save_checkpoint(self, states: list[dict], wall_s: float) -> Path:
-        """Write the whole job atomically to `checkpoint.pt`: spec, every learner's state, the
-        averaged model (what `chorus eval` reads) and the curve so far."""
+    def _samples(self) -> int:
+        """Utterances trained on by all learners, those that left included."""
+        m = self.membership
+        return m.retired_samples + sum(s.stats.get("samples", 0) for s in m.live.values())
+
+    def save_checkpoint(self, states: dict[int, dict], wall_s: float) -> Path:
+        """Write the whole job atomically to `checkpoint.pt`: spec, every learner's state (by
+        learner id), the shard plan, the averaged model (what `chorus eval` reads) and the curve."""
         path = self.out_dir / "checkpoint.pt"
-        state = {"spec": self.spec.model_dump(mode="json"), "learners": states,
-                 "model": self.eval_model.state_dict(), "job": {"wall_s": wall_s, "evals": self.evals}}
+        m = self.membership
+        plan = fetch(m.planner.state.remote()) if self.use_ray else m.planner.state()
+        state = {"spec": self.spec.model_dump(mode="json"), "learners": list(states.values()),
+                 "learner_ids": list(states), "planner": plan, "model": self.eval_model.state_dict(),
+                 "job": {"wall_s": wall_s, "evals": self.evals, "retired_samples": m.retired_samples}}
         tmp = path.with_suffix(".tmp")
         torch.save(state, tmp)
         os.replace(tmp, path)
         return path
 
-    def _restore(self, handles) -> float:
+    def _read_checkpoint(self) -> dict:
         path = self.out_dir / "checkpoint.pt"
         if not path.is_file():
             raise FileNotFoundError(f"{path}: no checkpoint to resume from")
         state = torch.load(path, map_location="cpu", weights_only=False)
-        if len(state["learners"]) != len(handles):
-            raise ValueError(f"{path}: has {len(state['learners'])} learners, the spec asks for {len(handles)}")
-        fetch([h.load_state.remote(s) for h, s in zip(handles, state["learners"], strict=True)])
-        self.evals = list(state["job"]["evals"])
+        state.setdefault("learner_ids", list(range(len(state["learners"]))))
+        return state
+
+    def _restore(self, checkpoint: dict, slots) -> float:
+        """Learners placed under a checkpointed id take their own state back (and their place in
+        the epoch); any others start from the first checkpointed learner's model and counters."""
+        by_id = dict(zip(checkpoint["learner_ids"], checkpoint["learners"], strict=True))
+        first = checkpoint["learners"][0]
+        fetch([s.handle.load_state.remote(by_id.get(s.id, first), s.id not in by_id) for s in slots])
+        if checkpoint.get("planner"):
+            plan = checkpoint["planner"]
+            fetch(self.membership.planner.load.remote(plan) if self.use_ray else self.membership.planner.load(plan))
+        self.membership.retired_samples = checkpoint["job"].get("retired_samples", 0)
+        self.evals = list(checkpoint["job"]["evals"])
+        self._last_states = by_id
         # the curve as of the checkpoint: drop evaluations a stopped run wrote after it
         (self.out_dir / "evals.jsonl").write_text("".join(json.dumps(r) + "\n" for r in self.evals))
-        return float(state["job"]["wall_s"])
+        return float(checkpoint["job"]["wall_s"])
 
-    def _startup_s(self, stats: list[dict]) -> float | None:
-        """Seconds from `run()` to the first completed training step of any learner."""
-        firsts = [s["first_step_at"] for s in stats if s.get("first_step_at") is not None]
-        return round(min(firsts) - self.started_at, 3) if firsts else None
+    def _fallback_state(self):
+        """For a learner joining when no other is alive: the last checkpointed state."""
+        return next(iter(self._last_states.values()), None)
 
-    def _group_name(self, learners: int) -> str:
-        return self.spec.group.kind if learners > 1 else "solo"
-
-    def _summarize(self, stats: list[dict], train_wall: float, wall: float, first_loss: float | None) -> dict:
-        d = self.spec.data
+    def _summarize(self, train_wall: float, wall: float, first_loss: float | None) -> dict:
+        d, m = self.spec.data, self.membership
         finals = {}
         for key, source in (("test", d.test), ("test_unseen", d.test_unseen)):
             result = self.workload.evaluate(self.eval_model, source) if source is not None else None
@@ -256,7 +361,10 @@ class TrainingJob:
             finals[f"wer_{key}"] = round(result["wer"], 2) if result else None
             finals[f"utterances_{key}"] = result["utterances"] if result else 0
         last = self.evals[-1] if self.evals else {}
-        samples = sum(s["samples"] for s in stats)
+        samples = self._samples()
+        events: dict[str, int] = {}
+        for event in self.events.recorded:
+            events[event["kind"]] = events.get(event["kind"], 0) + 1
         return {
             "name": self.spec.name,
             "job_id": self.job_id,
@@ -264,23 +372,49 @@ class TrainingJob:
             "wer_dev": last.get("dev_wer"),
             "first_train_loss": round(first_loss, 4) if first_loss is not None else None,
             "final_train_loss": last.get("train_loss"),
-            "steps": max(s["step"] for s in stats),
+            "steps": max((s.stats.get("step", 0) for s in m.live.values()), default=last.get("step", 0)),
             "samples": samples,
             "epochs": last.get("epoch", 0),
             "wall_s": round(wall, 2),
-            "startup_s": self._startup_s(stats),
+            "startup_s": round(self._first_step_at - self.started_at, 3) if self._first_step_at else None,
             "train_wall_s": round(train_wall, 2),
             "samples_per_s": round(samples / max(train_wall, 1e-9), 2),
-            "learners": len(stats),
-            "group": self._group_name(len(stats)),
+            "learners": len(m.live),
+            "group": self.spec.group.kind if self.use_ray else "solo",
             "consensus_distance": last.get("consensus_distance"),
+            "events": events,
+            "recoveries": self.recoveries,
             "skipped_utterances": dict(self.workload.train.skipped.counts) if self.evals else {},
             "checkpoint": str(self.out_dir / "checkpoint.pt"),
         }
 
 
-def _wait_any(pending: dict) -> list[tuple[int, dict]]:
+def _gather(pending: dict) -> tuple[list[tuple[int, dict]], list[tuple[int, Exception]]]:
+    """Every pending result: (learner id, value) for those that answered, (learner id, error)
+    for those whose actor or node died. Empties `pending`."""
+    results, failed = [], []
+    for ref, learner_id in list(pending.items()):
+        try:
+            results.append((learner_id, fetch(ref)))
+        except Exception as exc:  # noqa: BLE001 - only a learner that is gone; a bug in it propagates
+            if not _gone(exc):
+                raise
+            failed.append((learner_id, exc))
+    pending.clear()
+    return results, failed
+
+
+def _gone(exc: Exception) -> bool:
+    """Whether an error means the learner's actor or node died."""
     import ray
 
-    ready, _ = ray.wait(list(pending), num_returns=1)
-    return [(pending.pop(ref), ray.get(ref)) for ref in ready]
+    gone = (ray.exceptions.RayActorError, ray.exceptions.NodeDiedError, ray.exceptions.ObjectLostError)
+    return isinstance(exc, gone)  # ObjectLostError: a result that lived on a node that died
+
+
+def _wait_any(pending: dict, timeout: float) -> tuple[list[tuple[int, dict]], list[tuple[int, Exception]]]:
+    """The results that are ready within `timeout` (at least one, unless it passes)."""
+    import ray
+
+    ready, _ = ray.wait(list(pending), num_returns=1, timeout=timeout)
+    return _gather({ref: pending.pop(ref) for ref in ready})

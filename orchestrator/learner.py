@@ -22,14 +22,16 @@ class Learner:
     """Args:
     workload_config: the workload's sections of the job spec (a dict, as sent over Ray).
     seed: the job's seed (every learner starts from the same initial weights).
-    rank, world_size: this learner's shard.
+    learner_id: this learner's id in its job.
+    planner: the job's `ShardPlanner` (or its actor), asked for this learner's shard at the start
+        of every epoch.
     threads: torch intra-op threads for this learner.
 
     The model lives on the GPU when the process sees one (a learner actor placed with num_gpus=1),
     on the CPU otherwise. Weights and states cross the learner's boundary as CPU tensors.
     """
 
-    def __init__(self, workload_config: dict, seed: int, rank: int, world_size: int, threads: int = 1):
+    def __init__(self, workload_config: dict, seed: int, learner_id: int, planner, threads: int = 1):
         torch.set_num_threads(max(1, threads))
         self.device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
         self.workload = AsrWorkload(WorkloadConfig.model_validate(workload_config), seed=seed)
@@ -44,7 +46,7 @@ class Learner:
         for p in self.params:
             p.grad = self.grad_buffer[offset:offset + p.numel()].view_as(p)
             offset += p.numel()
-        self.rank, self.world_size = rank, world_size
+        self.learner_id, self.planner = learner_id, planner
         self.lock = threading.Lock()
         self.step = self.samples = self.epoch = self.averages = 0
         self.failed_exchanges = 0  # gossip exchanges lost to a partner that died
@@ -58,17 +60,20 @@ class Learner:
         self._reset_chunk()
 
     # -- data ---------------------------------------------------------------------------------
-    def set_shard(self, rank: int, world_size: int) -> None:
-        """Takes effect at the next epoch boundary."""
-        self.rank, self.world_size = rank, world_size
-
     def next_batch(self):
-        """The next batch of this epoch's shard, or None when the shard is used up."""
+        """The next batch of this epoch's shard, or None when the shard is used up (or this learner
+        has none this epoch: it joined after the epoch's split was fixed)."""
         if self._shard is None:
-            self._batches = self.workload.batches(self.rank, self.world_size, self.epoch, start=self.position)
-            self._shard = iter(self._batches)
+            assignment = _call(self.planner, "assignment", self.learner_id, self.epoch)
+            if assignment is None:
+                self._batches, self._shard = None, iter(())
+            else:
+                rank, world_size, weights = assignment
+                self._batches = self.workload.batches(rank, world_size, self.epoch, start=self.position,
+                                                      weights=weights)
+                self._shard = iter(self._batches)
         batch = next(self._shard, None)
-        self._drawn = self._batches.position
+        self._drawn = self._batches.position if self._batches is not None else 0
         return batch
 
     def start_next_epoch(self) -> None:
@@ -97,6 +102,8 @@ class Learner:
             self.position = self._drawn
         if self.first_step_at is None:
             self.first_step_at = time.time()
+        if self.chunk_first_step_at is None:
+            self.chunk_first_step_at = time.time()
         self.chunk_samples += samples
         self.loss_sum += loss
         self.loss_n += 1
@@ -157,13 +164,17 @@ class Learner:
         with self.lock:
             return _cpu_copy({**self.workload.state_dict(self.model, self.optimizer), "counters": self.counters()})
 
-    def load_state(self, state: dict) -> None:
+    def load_state(self, state: dict, adopt: bool = False) -> None:
+        """Take over a state: this learner's own (resume), or with `adopt` another learner's model,
+        optimizer, step and epoch, keeping this learner's own (zero) sample count and place in
+        the data (a learner joining a running job)."""
         with self.lock:
             self.workload.load_state_dict(state, self.model, self.optimizer)
             c = state["counters"]
-            self.step, self.samples, self.epoch = c["step"], c["samples"], c["epoch"]
-            self.averages = c.get("averages", 0)
-            self.position = c.get("position", 0)  # carry on inside the epoch where the checkpoint was
+            self.step, self.epoch = c["step"], c["epoch"]
+            if not adopt:
+                self.samples, self.averages = c["samples"], c.get("averages", 0)
+                self.position = c.get("position", 0)  # carry on inside the epoch where the checkpoint was
             self._shard = None
 
     def take_stats(self) -> dict:
@@ -171,15 +182,24 @@ class Learner:
         and communication seconds."""
         stats = {**self.counters(), "loss": self.loss_sum / self.loss_n if self.loss_n else None,
                  "chunk_samples": self.chunk_samples, "step_seconds": self.step_seconds,
-                 "comm_seconds": self.comm_seconds, "first_step_at": self.first_step_at}
+                 "comm_seconds": self.comm_seconds, "first_step_at": self.first_step_at,
+                 "chunk_first_step_at": self.chunk_first_step_at}
         self._reset_chunk()
         return stats
 
     def _reset_chunk(self) -> None:
+        self.chunk_first_step_at: float | None = None  # time.time() of this chunk's first step
         self.loss_sum = self.loss_n = 0.0
         self.chunk_samples = 0
         self.step_seconds: list[float] = []
         self.comm_seconds: list[float] = []
+
+
+def _call(target, method: str, *args):
+    """Call `method` on a plain object or on a Ray actor (and wait for its result)."""
+    if isinstance(target, ray.actor.ActorHandle):
+        return ray.get(getattr(target, method).remote(*args))
+    return getattr(target, method)(*args)
 
 
 def _cpu_copy(value):
@@ -197,8 +217,10 @@ class LearnerService:
     reads are served on the `mix` concurrency group, concurrently with `run`. `LearnerActor` is
     this class as a Ray actor; one-learner jobs use it in-process."""
 
-    def __init__(self, workload_config: dict, seed: int, rank: int, world_size: int, threads: int = 1):
-        self.learner = Learner(workload_config, seed, rank, world_size, threads)
+    def __init__(self, workload_config: dict, seed: int, learner_id: int, planner, threads: int = 1,
+                 slowdown: float = 1.0):
+        self.learner = Learner(workload_config, seed, learner_id, planner, threads)
+        self.learner._slowdown = float(slowdown)
         self.group = None
 
     def device(self) -> str:
@@ -217,10 +239,24 @@ class LearnerService:
             sock.bind(("", 0))
             return sock.getsockname()[1]
 
+    def hello(self) -> dict:
+        """Answers once the learner is built (and any state sent before it loaded): its node and
+        counters."""
+        return {"node": self.node_id(), **self.learner.counters()}
+
     def join(self, group_state) -> None:
-        """Attach this learner to its group (a groups.* member object, built by the driver)."""
+        """Attach this learner to its group (a groups.* member object, built by the driver),
+        leaving the group it was in."""
+        if self.group is not None:
+            self.group.close()
         self.group = group_state
         self.group.setup(self.learner)
+
+    @ray.method(concurrency_group="mix")
+    def regroup(self, group_state) -> None:
+        """Swap in a new member of a group whose `setup` is a no-op (gossip) while `run` goes on:
+        the next step uses it."""
+        self.group = group_state
 
     def set_slowdown(self, factor: float) -> None:
         self.learner._slowdown = float(factor)
@@ -229,18 +265,24 @@ class LearnerService:
         """Up to `steps` optimizer steps, stopping early at the wall deadline (time.time()) or when
         this learner has finished `max_epochs` epochs; returns its stats. (A group step at an
         epoch boundary trains nothing and does not count; two in a row mean an empty shard.)"""
+        from orchestrator.groups import GroupBroken
+
         learner = self.learner
         learner.progress = progress
-        target, idle = learner.step + steps, 0
+        target, idle, broken = learner.step + steps, 0, None
         while learner.step < target and idle < 2:
             if deadline is not None and time.time() >= deadline:
                 break
             if max_epochs is not None and learner.epoch >= max_epochs:
                 break
             before = learner.step
-            learner.timed_step(self.group)
+            try:
+                learner.timed_step(self.group)
+            except GroupBroken as exc:  # a member of the collective is gone: the driver re-forms it
+                broken = str(exc)
+                break
             idle = idle + 1 if learner.step == before else 0
-        return learner.take_stats()
+        return {**learner.take_stats(), "broken": broken}
 
     def mix(self, rounds: int) -> int:
         """`rounds` gossip exchanges without gradient steps; returns this learner's averages."""
@@ -270,8 +312,8 @@ class LearnerService:
     def state(self) -> dict:
         return self.learner.state()
 
-    def load_state(self, state: dict) -> None:
-        self.learner.load_state(state)
+    def load_state(self, state: dict, adopt: bool = False) -> None:
+        self.learner.load_state(state, adopt)
 
     def counters(self) -> dict:
         return self.learner.counters()

@@ -32,6 +32,10 @@ METRICS = {
     "chorus_learners": ("gauge", "Learners in the job's group", ("job", "group")),
     "chorus_consensus_distance": ("gauge", "Mean L2 distance of each learner's weights to their average",
                                   ("job",)),
+    "chorus_membership_events": ("counter", "Membership events: join, leave, failure, rebalance, waiting",
+                                 ("job", "kind")),
+    "chorus_learner_speed": ("gauge", "A learner's measured speed: utterances per second of its own compute "
+                             "(communication excluded), a rolling mean", ("job", "learner")),
 }
 STEP_SECONDS_BOUNDARIES = [0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0]
 
@@ -49,8 +53,16 @@ def prometheus_names() -> set[str]:
     return names
 
 
-@cache
 def _instruments() -> dict:
+    """The instruments of the current Ray connection (made again after a reconnect: instruments
+    of an earlier connection would report twice)."""
+    import ray
+
+    return _instruments_for(ray.get_runtime_context().get_job_id())
+
+
+@cache
+def _instruments_for(ray_job: str) -> dict:
     from ray.util.metrics import Counter, Gauge, Histogram
 
     made = {}
@@ -106,6 +118,14 @@ class JobMetrics:
     def evaluation(self, split: str, wer: float) -> None:
         if self.enabled:
             self._m["chorus_wer"].set(wer, tags={"job": self.job_id, "split": split})
+
+    def event(self, kind: str) -> None:
+        if self.enabled:
+            self._m["chorus_membership_events"].inc(1, tags={"job": self.job_id, "kind": kind})
+
+    def speed(self, learner: int, samples_per_s: float) -> None:
+        if self.enabled:
+            self._m["chorus_learner_speed"].set(samples_per_s, tags={"job": self.job_id, "learner": str(learner)})
 
     def consensus(self, distance: float) -> None:
         if self.enabled:

@@ -1,6 +1,8 @@
-"""Placing learners: one placement group per job (a bundle per learner), and one named learner
-actor per bundle, so the Ray dashboard's Actors and Placement Groups views show `<job>/learner-<i>`
-and `<job>/learners`. One-learner jobs outside Ray run the same learner in-process.
+"""Placing learners: one single-bundle placement group per learner (`<job>/learner-<id>`) holding
+one named learner actor (`<job>/learner-<id>`), so learners can be added or lost one at a time
+and the Ray dashboard's Actors and Placement Groups views show each. One-learner jobs outside Ray
+run the same learner in-process. Also the inventory of the cluster's nodes: what accelerators and
+custom resources each offers.
 """
 
 from __future__ import annotations
@@ -18,62 +20,109 @@ class PlacementTimeout(RuntimeError):
     pass
 
 
-def learner_bundle(cpus: float, use_gpus: bool) -> dict:
-    return {"CPU": cpus, "GPU": 1} if use_gpus else {"CPU": cpus}
+def learner_bundle(cpus: float, use_gpus: bool, resources: dict[str, float] | None = None) -> dict:
+    """One learner's reservation: its CPUs, a GPU when the cluster has any, and custom resources."""
+    bundle = {"CPU": cpus, **(resources or {})}
+    return {**bundle, "GPU": 1} if use_gpus else bundle
 
 
 def cluster_has_gpus() -> bool:
     return ray.cluster_resources().get("GPU", 0) >= 1
 
 
+def request_slot(job_id: str, learner_id: int, bundle: dict):
+    """Ask Ray for one learner's placement group; it is placed when capacity allows."""
+    return placement_group([bundle], strategy="PACK", name=f"{job_id}/learner-{learner_id}")
+
+
+def start_learner(job_id: str, learner_id: int, pg, bundle: dict, workload_config: dict, seed: int, planner,
+                  slowdown: float = 1.0):
+    """The learner actor for a placed slot (returns at once; `ready()` answers once it is built)."""
+    cpus = bundle.get("CPU", 1.0)
+    return LearnerActor.options(
+        name=f"{job_id}/learner-{learner_id}", num_cpus=cpus, num_gpus=bundle.get("GPU", 0),
+        resources={k: v for k, v in bundle.items() if k not in ("CPU", "GPU")},
+        scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=0),
+    ).remote(workload_config, seed, learner_id, planner, max(1, int(cpus)), slowdown)
+
+
 def place_learners(job_id: str, count: int, cpus_per_learner: float, workload_config: dict, seed: int,
                    timeout_s: float = 120.0):
-    """Reserve a placement group and start `count` learner actors in it; returns (pg, actors)."""
-    gpus = cluster_has_gpus()
-    bundle = learner_bundle(cpus_per_learner, gpus)
-    pg = placement_group([bundle] * count, strategy="PACK", name=f"{job_id}/learners")
-    ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
-    if not ready:
-        remove_placement_group(pg)
+    """A fixed set of `count` learners sharing one static shard plan (tests); returns (pgs, actors)."""
+    from orchestrator.elastic import ShardPlanner
+
+    bundle = learner_bundle(cpus_per_learner, cluster_has_gpus())
+    pgs = [request_slot(job_id, i, bundle) for i in range(count)]
+    ready, _ = ray.wait([pg.ready() for pg in pgs], num_returns=count, timeout=timeout_s)
+    if len(ready) < count:
+        release(pgs, [])
         raise PlacementTimeout(
             f"{job_id}: could not reserve {count} learners of {bundle} within {timeout_s:.0f}s; "
             f"the cluster has {ray.available_resources()} available")
-    threads = max(1, int(cpus_per_learner))
-    actors = [
-        LearnerActor.options(
-            name=f"{job_id}/learner-{i}", num_cpus=cpus_per_learner, num_gpus=1 if gpus else 0,
-            scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i),
-        ).remote(workload_config, seed, i, count, threads)
-        for i in range(count)
-    ]
-    return pg, actors
+    planner = ShardPlanner(list(range(count)))
+    actors = [start_learner(job_id, i, pg, bundle, workload_config, seed, planner) for i, pg in enumerate(pgs)]
+    return pgs, actors
 
 
-def release(pg, actors) -> None:
-    """Kill the job's learners and free its placement group."""
+def node_inventory() -> list[dict]:
+    """Every live node: id, address, accelerator type (from Ray's `accelerator_type:*` resource),
+    labels, CPUs, GPUs and custom resources (e.g. those a cluster.yaml node type advertises)."""
+    nodes = []
+    for node in ray.nodes():
+        if not node["Alive"]:
+            continue
+        resources = node.get("Resources", {})
+        accelerators = [k.split(":", 1)[1] for k in resources if k.startswith("accelerator_type:")]
+        custom = {k: v for k, v in resources.items() if k not in ("CPU", "GPU", "memory", "object_store_memory")
+                  and not k.startswith(("node:", "accelerator_type:"))}
+        nodes.append({"node_id": node["NodeID"], "address": node["NodeManagerAddress"],
+                      "accelerator": accelerators[0] if accelerators else None,
+                      "labels": dict(node.get("Labels", {})), "cpus": resources.get("CPU", 0),
+                      "gpus": resources.get("GPU", 0), "custom": custom})
+    return nodes
+
+
+def release(pgs, actors) -> None:
+    """Kill learners and free their placement groups (placed or still pending)."""
     for actor in actors:
         try:
             ray.kill(actor)
         except Exception:  # already dead
             pass
-    if pg is not None:
-        remove_placement_group(pg)
+    for pg in pgs:
+        try:
+            remove_placement_group(pg)
+        except Exception:  # already removed
+            pass
 
 
 class InProcessLearner:
-    """A `LearnerService` in this process behind the same `handle.method.remote(...)` calls."""
+    """A `LearnerService` in this process behind the same `handle.method.remote(...)` calls; each
+    call runs at once and returns its result wrapped as a `Done` (hashable, like an object ref)."""
 
     def __init__(self, *args):
         self._service = LearnerService(*args)
 
     def __getattr__(self, name):
         method = getattr(self._service, name)
-        return SimpleNamespace(remote=method)
+        return SimpleNamespace(remote=lambda *args, **kwargs: Done(method(*args, **kwargs)))
+
+
+class Done:
+    """The result of an in-process call, in place of an object ref."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
 
 
 def fetch(values):
-    """ray.get for object refs; in-process results pass through."""
+    """ray.get for object refs; in-process results (`Done`) are unwrapped."""
     if isinstance(values, list):
-        refs = [v for v in values if isinstance(v, ray.ObjectRef)]
-        return ray.get(values) if refs and len(refs) == len(values) else values
+        if values and all(isinstance(v, ray.ObjectRef) for v in values):
+            return ray.get(values)
+        return [fetch(v) for v in values]
+    if isinstance(values, Done):
+        return values.value
     return ray.get(values) if isinstance(values, ray.ObjectRef) else values

@@ -27,7 +27,7 @@ def test_tiny_yaml_every_line_commented():
 
 def test_valid_spec_and_overrides(spec_file):
     spec = load_spec(spec_file, ["optim.lr=1e-3", "learners=3", "group.kind=gossip", "model.kind=conformer_ctc"])
-    assert (spec.optim.lr, spec.learners, spec.group.kind, spec.model.kind) == (1e-3, 3, "gossip", "conformer_ctc")
+    assert (spec.optim.lr, spec.learners.max, spec.group.kind, spec.model.kind) == (1e-3, 3, "gossip", "conformer_ctc")
     assert spec.data.dev.is_dir()
 
 
@@ -39,10 +39,12 @@ def test_valid_spec_and_overrides(spec_file):
     (["data.train=/no/such/train.jsonl"],
      "data.train (from --set): no such manifest or directory: '/no/such/train.jsonl'"),
     (["budget.epochs=null", "budget.wall_seconds=null"], "budget: set epochs or wall_seconds"),
-    (["learners=0"], "learners (from --set): Input should be greater than or equal to 1"),
+    (["learners=0"], "learners.min: Input should be greater than or equal to 1"),
+    (["learners={min: 3, max: 2}"], "learners (from --set): min (3) is above max (2)"),
+    (["learners={min: 2, most: 4}"], "learners.most: unknown key"),
     (["optim.lr.x=1"], "'optim.lr' is a value, not a section"),
     (["optim.lr"], "expected key=value"),
-    (["simulate.slowdown={1: 3.0}"], "simulate.slowdown names learner 1, but the job has 1 (indices 0..0)"),
+    (["simulate.slowdown={1: 3.0}"], "simulate.slowdown names learner 1, but the job has at most 1 (indices 0..0)"),
     (["learners=2", "simulate.slowdown={0: 0.5}"],
      "simulate.slowdown (from --set): learner 0: factor 0.5 is below 1"),
 ])

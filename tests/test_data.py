@@ -52,6 +52,23 @@ def test_shards_balanced_reshuffled_and_world_size_may_change():
         shard_batches(durations, 30.0, 0, 2, rank=3, world_size=3)
 
 
+def test_weighted_shards_follow_the_weights_and_keep_the_global_batch():
+    durations = np.random.default_rng(2).uniform(0.5, 6.0, size=400)
+    weights = [3.0, 1.0, 1.0, 1.0]  # one learner three times as fast as the others
+    shards = [shard_batches(durations, 20.0, 0, 5, r, 4, weights=weights) for r in range(4)]
+    seen = sorted(i for shard in shards for b in shard for i in b)
+    assert seen == list(range(400))  # still every utterance once
+    sizes = [sum(map(len, shard)) for shard in shards]
+    assert abs(sizes[0] - 200) <= 2 and all(abs(n - 67) <= 2 for n in sizes[1:]), sizes
+    for r, shard in enumerate(shards):  # batch budgets scale with the share: 40 s for rank 0, 13.3 s else
+        budget = 20.0 * 4 * weights[r] / sum(weights)
+        assert all(len(b) * durations[b].max() <= budget + 1e-9 or len(b) == 1 for b in shard)
+    counts = [len(shard) for shard in shards]  # about as many steps each
+    assert max(counts) <= 1.25 * min(counts), counts
+    with pytest.raises(ValueError, match="4 positive numbers"):
+        shard_batches(durations, 20.0, 0, 5, 0, 4, weights=[1.0, 0.0, 1.0, 1.0])
+
+
 def test_eight_khz_stereo_wav_is_resampled_and_downmixed(tmp_path):
     t = np.arange(8000) / 8000
     left, right = np.sin(2 * np.pi * 440 * t), np.sin(2 * np.pi * 440 * t) * 0.5

@@ -160,8 +160,9 @@ def test_two_learner_job_trains_and_leaves_nothing_behind(ray_session, corpus, t
     for i in range(2):  # killed actors can no longer be looked up by name
         with pytest.raises(ValueError):
             ray.get_actor(f"{job_id}/learner-{i}")
-    groups = [g for g in placement_group_table().values() if g["name"] == f"{job_id}/learners"]
-    assert all(g["state"] == "REMOVED" for g in groups)
+    groups = [g for g in placement_group_table().values() if g["name"].startswith(f"{job_id}/")]
+    assert len(groups) == 2 and all(g["state"] == "REMOVED" for g in groups)
+    assert not [a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith(f"{job_id}/")]
     # the job's metrics reach Ray's exporters, tagged by job and learner (exported every second)
     deadline = time.time() + 30
     while True:

@@ -73,11 +73,12 @@ def test_cli_rejects_a_bad_spec_before_training(corpus, tmp_path):
 
 
 def test_learner_gradients_share_one_buffer_and_its_state_is_a_snapshot(corpus):
+    from orchestrator.elastic import ShardPlanner
     from orchestrator.learner import Learner
 
     raw = _spec(corpus, max_batch_seconds=10, epochs=1).model_dump(mode="json",
                                                                    include={"data", "features", "model", "optim"})
-    learner = Learner(raw, seed=0, rank=0, world_size=1)
+    learner = Learner(raw, seed=0, learner_id=0, planner=ShardPlanner([0]))
     batch = learner.next_batch()
     learner.forward_backward(batch)
     # backward accumulated into the flat buffer the groups all-reduce, not into new tensors

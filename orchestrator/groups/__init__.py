@@ -7,6 +7,9 @@ Each member implements one small protocol, called inside its learner:
     step(learner)    one training step, including whatever communication the group does
     close()          leave the group
 
+A collective that fails because a member died raises `GroupBroken`; the learner ends its chunk
+and the driver forms a new group from the members left (`orchestrator/elastic.py`).
+
 `lockstep` says whether every member must take the same number of steps (a collective inside
 `step`), in which case the driver, not the learners, decides when to stop. Groups know nothing
 about speech: they see a learner's batches, gradients and weights only.
@@ -17,6 +20,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from orchestrator.groups.allreduce import AllreduceMember
+from orchestrator.groups.errors import GroupBroken
 from orchestrator.groups.gossip import GossipMember, ring_partners
 from orchestrator.groups.hierarchical import HierarchicalMember
 
@@ -48,5 +52,5 @@ def next_batch_or_new_epoch(learner):
     return batch
 
 
-__all__ = ["AllreduceMember", "GossipMember", "GroupMember", "HierarchicalMember", "SoloMember",
+__all__ = ["AllreduceMember", "GossipMember", "GroupBroken", "GroupMember", "HierarchicalMember", "SoloMember",
            "next_batch_or_new_epoch", "ring_partners"]

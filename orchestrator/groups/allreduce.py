@@ -5,6 +5,10 @@ batches give exactly the gradient of their union.
 One flat all-reduce per step carries the size-weighted gradients, the summed batch sizes and the
 summed losses. A learner whose shard is used up contributes zeros; when the summed batch size is
 zero every shard is used up and all learners start the next epoch together.
+
+The group is re-formed, not restarted, when members come or go: every member joins a new process
+group and rank 0's weights are broadcast to all, so a newcomer starts from the group's weights
+and replicas that a failed step left one update apart agree again.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+from orchestrator.groups.errors import GroupBroken
 
 
 class AllreduceMember:
@@ -25,26 +31,59 @@ class AllreduceMember:
 
     lockstep = True
 
-    def __init__(self, rank: int, world_size: int, address: str, backend: str = "gloo", timeout_s: float = 300):
+    def __init__(self, rank: int, world_size: int, address: str, backend: str = "gloo", timeout_s: float = 120):
         self.rank, self.world_size, self.address, self.backend = rank, world_size, address, backend
         self.timeout_s = timeout_s
 
     def setup(self, learner) -> None:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        dist.init_process_group(self.backend, init_method=f"tcp://{self.address}", rank=self.rank,
-                                world_size=self.world_size, timeout=timedelta(seconds=self.timeout_s))
+        join_process_group(self.backend, self.address, self.rank, self.world_size, self.timeout_s)
+        broadcast_weights(learner, self.rank)
 
     def step(self, learner) -> None:
         buf, size = weighted_gradients(learner, learner.next_batch())
         start = time.perf_counter()
-        dist.all_reduce(buf)
+        collective(dist.all_reduce, buf)
         learner.comm_s += time.perf_counter() - start
         apply_reduced_gradients(learner, buf, size)
 
     def close(self) -> None:
-        if dist.is_initialized():
+        leave_process_group()
+
+
+def join_process_group(backend: str, address: str, rank: int, world_size: int, timeout_s: float) -> None:
+    """Leave any process group this process is in and join a new one (blocks until all ranks have)."""
+    leave_process_group()
+    dist.init_process_group(backend, init_method=f"tcp://{address}", rank=rank, world_size=world_size,
+                            timeout=timedelta(seconds=timeout_s))
+
+
+def leave_process_group() -> None:
+    if dist.is_initialized():
+        try:
             dist.destroy_process_group()
+        except RuntimeError:  # a broken group (a member died) may fail to shut down cleanly
+            pass
+
+
+def collective(op, *args, **kwargs):
+    """Run a torch.distributed collective; a member that is gone raises GroupBroken.
+
+    The failed process group is shut down before raising: that closes this member's connections,
+    so members blocked waiting on this one (not on the dead one) fail too instead of hanging
+    until the timeout."""
+    try:
+        return op(*args, **kwargs)
+    except RuntimeError as exc:  # gloo and nccl report a lost peer as DistError, a RuntimeError
+        leave_process_group()
+        raise GroupBroken(f"{op.__name__} failed: {exc}") from exc
+
+
+def broadcast_weights(learner, rank: int) -> None:
+    """Everyone takes rank 0's weights."""
+    weights = learner.flat_weights(on_device=True)
+    collective(dist.broadcast, weights, src=0)
+    if rank != 0:
+        learner.load_flat_weights(weights)
 
 
 def weighted_gradients(learner, batch) -> tuple[torch.Tensor, int]:

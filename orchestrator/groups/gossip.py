@@ -17,6 +17,9 @@ import time
 
 import ray
 
+# what an exchange raises when the partner's actor or node died (the mean lived in its node's store)
+PARTNER_GONE = (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError, ray.exceptions.NodeDiedError)
+
 
 def ring_partners(position: int, ring_size: int) -> list[int]:
     """Passive neighbours of an active (even) position; [] for passive positions and rings of one."""
@@ -70,7 +73,7 @@ class GossipMember:
         waited = time.perf_counter()
         try:
             mean = ray.get(exchange)
-        except ray.exceptions.RayActorError:  # the partner died: this step goes unmixed
+        except PARTNER_GONE:  # the partner (or its node) died: this step goes unmixed
             learner.failed_exchanges += 1
             return
         finally:

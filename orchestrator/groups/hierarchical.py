@@ -12,11 +12,17 @@ node's process group is its own torch.distributed world; nodes never wait for ea
 from __future__ import annotations
 
 import time
-from datetime import timedelta
 
 import torch.distributed as dist
 
-from orchestrator.groups.allreduce import apply_reduced_gradients, weighted_gradients
+from orchestrator.groups.allreduce import (
+    apply_reduced_gradients,
+    broadcast_weights,
+    collective,
+    join_process_group,
+    leave_process_group,
+    weighted_gradients,
+)
 from orchestrator.groups.gossip import GossipMember
 
 
@@ -30,30 +36,27 @@ class HierarchicalMember:
     lockstep = False  # nodes run free; inside a node the collective keeps members in step
 
     def __init__(self, node_rank: int, node_size: int, node_address: str, leader: GossipMember | None,
-                 backend: str = "gloo", timeout_s: float = 300):
+                 backend: str = "gloo", timeout_s: float = 120):
         self.node_rank, self.node_size, self.node_address = node_rank, node_size, node_address
         self.leader, self.backend, self.timeout_s = leader, backend, timeout_s
 
     def setup(self, learner) -> None:
         if self.node_size > 1:
-            if dist.is_initialized():
-                dist.destroy_process_group()
-            dist.init_process_group(self.backend, init_method=f"tcp://{self.node_address}", rank=self.node_rank,
-                                    world_size=self.node_size, timeout=timedelta(seconds=self.timeout_s))
+            join_process_group(self.backend, self.node_address, self.node_rank, self.node_size, self.timeout_s)
+            broadcast_weights(learner, self.node_rank)
+        else:
+            leave_process_group()
 
     def step(self, learner) -> None:
         exchange = self.leader._start_exchange(learner) if self.leader is not None else None
         buf, size = weighted_gradients(learner, learner.next_batch())
         comm_before, started = learner.comm_s, time.perf_counter()
         if self.node_size > 1:
-            dist.all_reduce(buf)
+            collective(dist.all_reduce, buf)
         if self.leader is not None:
             GossipMember._finish_exchange(learner, exchange)
         if self.node_size > 1:
-            weights = learner.flat_weights(on_device=True)
-            dist.broadcast(weights, src=0)
-            if self.node_rank != 0:
-                learner.load_flat_weights(weights)
+            broadcast_weights(learner, self.node_rank)
         # the whole interval, exchange wait included (so what _finish_exchange added is not counted twice)
         learner.comm_s = comm_before + time.perf_counter() - started
         apply_reduced_gradients(learner, buf, size)
@@ -63,5 +66,5 @@ class HierarchicalMember:
             self.leader.mix(learner)
 
     def close(self) -> None:
-        if self.node_size > 1 and dist.is_initialized():
-            dist.destroy_process_group()
+        if self.node_size > 1:
+            leave_process_group()

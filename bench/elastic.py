@@ -1,0 +1,294 @@
+"""Benchmark: how long a group takes to step again after its membership changes, for Chorus
+`gossip` and `allreduce` and for Ray Train's elastic `TorchTrainer`, measured in one run.
+
+Each contender runs `tiny.yaml`'s model on a `ray.cluster_utils.Cluster` on this machine: a head
+without learner slots and node A with 2 slots (a custom `learner_slot` resource), so the job
+starts with 2 learners and may grow to 3 (`learners: {min: 2, max: 3}`; Ray Train:
+`ScalingConfig(num_workers=(2, 3))` with `FailureConfig(max_failures=...)`, its elastic mode).
+Then, while it trains:
+
+1. arrival: node B with one slot is added. Measured: from the node's addition, and (Chorus) from
+   the new learner being ready (its process and model built, the group's state loaded), to the
+   first step the group completes with the newcomer in it.
+2. failure, `--kills` times: one learner (Ray Train: one worker actor) is killed. Measured: from
+   the kill to the first step completed by the group without it. The freed slot is placed again,
+   so each kill is followed by another arrival (measured as in 1).
+
+Chorus's times come from the job's `recoveries` (the time of the change, of the re-formed group,
+of the first step after it); Ray Train's from every worker logging each step's time and world
+size. Targets (Chorus, this machine): failure and arrival (ready -> stepping) <= 2 s for
+gossip, <= 5 s for allreduce. Writes `bench/results/elastic.json` and `elastic.png`.
+
+Usage: .venv/bin/python bench/elastic.py [--kills 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import threading
+import time
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import ray  # noqa: E402
+from ray.cluster_utils import Cluster  # noqa: E402
+
+from jobs.synth import synthesize  # noqa: E402
+from orchestrator.config import load_spec  # noqa: E402
+from orchestrator.job import TrainingJob  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+WORK = ROOT / "bench" / "work" / "elastic"
+TARGETS = {"gossip": 2.0, "allreduce": 5.0}
+
+
+def start_cluster() -> Cluster:
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    cluster.add_node(num_cpus=2, resources={"learner_slot": 2})
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, log_to_driver=False)
+    return cluster
+
+
+def wait_until(what: str, condition, timeout: float = 180.0):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        found = condition()
+        if found:
+            return found
+        time.sleep(0.05)
+    raise TimeoutError(f"timed out waiting for {what}")
+
+
+def job_spec(corpus: Path, kind: str):
+    return load_spec(ROOT / "jobs" / "configs" / "tiny.yaml", [
+        f"data.train={corpus}/train.jsonl", "data.dev=null", "data.test=null", "data.test_unseen=null",
+        "budget.epochs=null", "budget.wall_seconds=900", "learners={min: 2, max: 3}", "cpus_per_learner=1",
+        "learner_resources={learner_slot: 1}", f"group.kind={kind}", f"name=elastic-{kind}"])
+
+
+def run_chorus(corpus: Path, kind: str, kills: int) -> dict:
+    cluster = start_cluster()
+    job = TrainingJob(job_spec(corpus, kind), WORK / kind)
+    outcome = {}
+    thread = threading.Thread(target=lambda: outcome.update(summary=job.run()), daemon=True)
+    thread.start()
+    try:
+        recovered = lambda cause, learner: [r for r in job.recoveries  # noqa: E731
+                                            if r["cause"] == cause and r["learner"] == learner and r["stepping_at"]]
+        joined = lambda: [e for e in (job.events.recorded if job.events else []) if e["kind"] == "join"]  # noqa: E731
+        wait_until("2 learners stepping", lambda: len(joined()) == 2 and job.membership and all(
+            s.stats.get("step", 0) >= 16 for s in job.membership.live.values()))
+        arrivals, failures = [], []
+
+        def arrival(since: float, learners_before: set[int]) -> dict:
+            event = wait_until("a learner joining",
+                               lambda: [e for e in joined() if e["learner"] not in learners_before])[0]
+            r = wait_until("the group stepping with it", lambda: recovered("join", event["learner"]))[0]
+            return {"since_capacity_s": round(r["stepping_at"] - since, 3),
+                    "ready_to_stepping_s": round(r["stepping_at"] - event["time"], 3),
+                    "learner_start_s": event["ready_s"]}
+
+        before = {e["learner"] for e in joined()}
+        added = time.time()
+        cluster.add_node(num_cpus=1, resources={"learner_slot": 1})
+        arrivals.append(arrival(added, before))
+        for _ in range(kills):
+            before = {e["learner"] for e in joined()}
+            victim = sorted(job.membership.live)[0]
+            killed = time.time()
+            ray.kill(job.membership.live[victim].handle)
+            r = wait_until("the group stepping without it", lambda: recovered("failure", victim))[0]  # noqa: B023
+            failures.append({"since_kill_s": round(r["stepping_at"] - killed, 3),
+                             "detected_s": round(r["at"] - killed, 3)})
+            arrivals.append(arrival(r["at"], before))
+            steps = max(s.stats.get("step", 0) for s in job.membership.live.values())
+            wait_until("a few more steps", lambda: max(s.stats.get("step", 0)  # noqa: B023
+                                                        for s in job.membership.live.values()) >= steps + 8)  # noqa: B023
+        job.stop()
+        thread.join(timeout=120)
+        return {"arrivals": arrivals, "failures": failures,
+                "failure_s": statistics.median(f["since_kill_s"] for f in failures),
+                "arrival_ready_to_stepping_s": statistics.median(a["ready_to_stepping_s"] for a in arrivals),
+                "arrival_since_capacity_s": statistics.median(a["since_capacity_s"] for a in arrivals)}
+    finally:
+        job.stop()
+        thread.join(timeout=120)
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def ray_train_loop(config: dict) -> None:
+    """A Ray Train worker: the same workload under DDP; resumes from the latest checkpoint (Ray
+    Train restarts the whole worker group after a failure or a resize); logs every step."""
+    import tempfile
+    import time
+    from pathlib import Path
+
+    import ray.train
+    import ray.train.torch
+    import torch
+
+    from jobs.workload import AsrWorkload, WorkloadConfig
+
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    torch.set_num_threads(1)
+    workload = AsrWorkload(WorkloadConfig.model_validate(config["workload"]), seed=config["seed"])
+    model = workload.build_model()
+    optimizer = workload.build_optimizer(model)
+    step, epoch = 0, 0
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint:
+        with checkpoint.as_directory() as path:
+            state = torch.load(Path(path, "checkpoint.pt"), weights_only=False)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        step, epoch = state["step"], state["epoch"]
+    model = ray.train.torch.prepare_model(model)
+    log = Path(config["log"])
+    while not Path(config["stop"]).exists():
+        with model.join():
+            for batch in workload.batches(rank, world, epoch):
+                optimizer.zero_grad()
+                workload.loss(model, batch).backward()
+                workload.optimizer_step(model, optimizer, step, 0.0)
+                step += 1
+                with open(log, "a") as f:
+                    f.write(f"{time.time()} {world} {rank}\n")
+                if step % 10 == 0:  # a checkpoint to resume from every 10 steps
+                    with tempfile.TemporaryDirectory() as tmp:
+                        saved = None
+                        if rank == 0:
+                            torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict(),
+                                        "step": step, "epoch": epoch}, Path(tmp, "checkpoint.pt"))
+                            saved = ray.train.Checkpoint.from_directory(tmp)
+                        ray.train.report({"step": step}, checkpoint=saved)
+                if Path(config["stop"]).exists():
+                    break
+        epoch += 1
+
+
+def run_ray_train(corpus: Path, kills: int) -> dict:
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+    from ray.util.state import list_actors
+
+    cluster = start_cluster()
+    log, stop = WORK / "ray_train_steps.log", WORK / "ray_train.stop"
+    log.unlink(missing_ok=True)
+    stop.unlink(missing_ok=True)
+    spec = job_spec(corpus, "allreduce")
+    workload = spec.model_dump(mode="json", include={"data", "features", "model", "optim"})
+    trainer = TorchTrainer(
+        ray_train_loop, train_loop_config={"workload": workload, "seed": spec.seed, "log": str(log), "stop": str(stop)},
+        scaling_config=ScalingConfig(num_workers=(2, 3), use_gpu=False,
+                                     resources_per_worker={"CPU": 1, "learner_slot": 1},
+                                     elastic_resize_monitor_interval_s=1.0),
+        torch_config=TorchConfig(backend="gloo"),
+        run_config=RunConfig(name=f"elastic-{time.time_ns()}", storage_path=str(WORK / "ray_train"),
+                             failure_config=FailureConfig(max_failures=kills + 2)))
+    thread = threading.Thread(target=trainer.fit, daemon=True)
+    thread.start()
+
+    def steps_after(since: float, world: int | None = None) -> list[float]:
+        if not log.exists():
+            return []
+        found = []
+        for line in log.read_text().splitlines():
+            t, w, _ = line.split()
+            if float(t) > since and (world is None or int(w) == world):
+                found.append(float(t))
+        return found
+
+    try:
+        wait_until("2 workers stepping", lambda: len(steps_after(0, 2)) >= 32, timeout=300)
+        arrivals, failures = [], []
+        added = time.time()
+        cluster.add_node(num_cpus=1, resources={"learner_slot": 1})
+        arrivals.append({"since_capacity_s": round(min(wait_until("3 workers stepping",
+                                                                  lambda: steps_after(added, 3), 300)) - added, 3)})
+        for _ in range(kills):
+            workers = wait_until("live workers", lambda: [a for a in list_actors(filters=[("state", "=", "ALIVE")])
+                                                         if "TrainWorker" in a.class_name])
+            killed = time.time()
+            os.kill(workers[0].pid, signal.SIGKILL)  # its workers are not named: kill the process
+            again = wait_until("stepping again", lambda: steps_after(killed), 300)  # noqa: B023
+            failures.append({"since_kill_s": round(min(again) - killed, 3)})
+            marks = steps_after(0)
+            wait_until("a few more steps", lambda: len(steps_after(0)) >= len(marks) + 16, 300)  # noqa: B023
+        return {"arrivals": arrivals, "failures": failures,
+                "failure_s": statistics.median(f["since_kill_s"] for f in failures),
+                "arrival_since_capacity_s": statistics.median(a["since_capacity_s"] for a in arrivals)}
+    finally:
+        stop.write_text("stop")
+        thread.join(timeout=180)
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def plot(result: dict, path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    rows = [("gossip", "Chorus gossip"), ("allreduce", "Chorus allreduce"), ("ray_train", "Ray Train\nelastic DDP")]
+    width = 0.38
+    for k, (name, _) in enumerate(rows):
+        c = result["contenders"][name]
+        arrival = c.get("arrival_ready_to_stepping_s", c["arrival_since_capacity_s"])
+        ax.bar(k - width / 2, c["failure_s"], width, color="tab:red", alpha=0.8, label="failure -> stepping" if k == 0
+               else None)
+        ax.bar(k + width / 2, arrival, width, color="tab:blue", alpha=0.8,
+               label="arrival -> stepping" if k == 0 else None)
+        for x, v in ((k - width / 2, c["failure_s"]), (k + width / 2, arrival)):
+            ax.text(x, v, f"{v:.2f}", ha="center", va="bottom", fontsize=8)
+        if name in TARGETS:
+            ax.hlines(TARGETS[name], k - 0.45, k + 0.45, color="black", ls="--", lw=1)
+    ax.set_xticks(range(len(rows)), [label for _, label in rows])
+    ax.set_yscale("log")
+    ax.set_ylabel("seconds (median)")
+    ax.set_title("Time to step again after a learner dies / arrives (dashed: Chorus targets)\n"
+                 "Chorus arrival: learner ready -> stepping; Ray Train: node added -> stepping", fontsize=9)
+    ax.legend(fontsize=8)
+    ax.grid(True, axis="y", which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--kills", type=int, default=3)
+    args = parser.parse_args()
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # throwaway local clusters
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    WORK.mkdir(parents=True, exist_ok=True)
+    corpus = WORK / "corpus-2000-0"
+    synthesize(corpus, utterances=2000, eval_utterances=20, seed=0, progress=False)
+    contenders = {}
+    for name in ("gossip", "allreduce", "ray_train"):
+        started = time.time()
+        contenders[name] = run_ray_train(corpus, args.kills) if name == "ray_train" else \
+            run_chorus(corpus, name, args.kills)
+        print(f"[{name}] {json.dumps(contenders[name])} ({time.time() - started:.0f} s)", flush=True)
+    checks = {name: {"failure_s": contenders[name]["failure_s"],
+                     "arrival_s": contenders[name]["arrival_ready_to_stepping_s"], "target_s": target,
+                     "passed": max(contenders[name]["failure_s"],
+                                   contenders[name]["arrival_ready_to_stepping_s"]) <= target}
+              for name, target in TARGETS.items()}
+    passed = all(c["passed"] for c in checks.values())
+    result = {"benchmark": "elastic", "kills": args.kills, "targets_s": TARGETS, "contenders": contenders,
+              "checks": checks, "passed": passed}
+    (RESULTS / "elastic.json").write_text(json.dumps(result, indent=2) + "\n")
+    plot(result, RESULTS / "elastic.png")
+    print(json.dumps({"checks": checks, "passed": passed}))
+    return 0 if passed else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

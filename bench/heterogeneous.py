@@ -1,0 +1,246 @@
+"""Benchmark: four learners of which one is 3x slower, within the same wall budget per contender.
+
+Contenders (`jobs/configs/tiny.yaml`, 4 learners, `simulate.slowdown: {3: 3.0}`):
+- Chorus `gossip` (ring ordered by measured speed),
+- Chorus `allreduce` with throughput-balanced shards and batches (`group.balance: true`),
+- Chorus `allreduce` with equal shards and batches (`group.balance: false`),
+- Ray Train's `TorchTrainer` (DDP) with equal batches, the slow worker slowed the same way.
+
+Each learner has one logical CPU and one torch thread; the four share this machine's 2 cores.
+A learner's "standalone speed" therefore depends on what else runs, so the ideal is measured
+under exactly the same sharing: the same four learners, the same slowdown, each training on its
+own with no communication at all (`ideal` below, the first phase of the run). Ideal = the sum
+of their four speeds (samples/s). Each contender's aggregate samples/s is its steady rate, from
+its first dev evaluation (Ray Train: the end of its first epoch) to its last, so start-up is
+left out of both; it is reported as a fraction of the ideal.
+
+The global batch is the same for every contender: `max_batch_seconds` 20 per learner (4 x 20 s
+of padded audio per step, as 2 learners of tiny.yaml's 40 s). Dev evaluations every 5 epochs
+(they also checkpoint); Ray Train checkpoints every epoch through `ray.train.report`, as in
+bench/vs_ray_train.py. Targets: gossip >= 0.85 of ideal, balanced allreduce >= 0.8, each >= 2x
+Ray Train's fraction; gossip and balanced allreduce reach WER <= 5% on `test`.
+
+Writes `bench/results/heterogeneous.json` and `heterogeneous.png`.
+
+Usage: .venv/bin/python bench/heterogeneous.py [--wall-seconds 345] [--ideal-seconds 90]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import ray  # noqa: E402
+
+from jobs.synth import synthesize  # noqa: E402
+from orchestrator.cli import format_eval  # noqa: E402
+from orchestrator.config import load_spec  # noqa: E402
+from orchestrator.groups import SoloMember  # noqa: E402
+from orchestrator.job import TrainingJob  # noqa: E402
+from orchestrator.placement import fetch, place_learners, release  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+WORK = ROOT / "bench" / "work" / "heterogeneous"
+LEARNERS, SLOW, FACTOR = 4, 3, 3.0
+TARGETS = {"gossip": 0.85, "allreduce_balanced": 0.8}
+WER_TARGET = 5.0
+CONTENDERS = ["gossip", "allreduce_balanced", "allreduce_equal", "ray_train"]
+
+
+def job_spec(corpus: Path, kind: str, balance: bool, wall_seconds: float, name: str):
+    return load_spec(ROOT / "jobs" / "configs" / "tiny.yaml", [
+        f"data.train={corpus}/train.jsonl", f"data.dev={corpus}/dev.jsonl", f"data.test={corpus}/test.jsonl",
+        f"data.test_unseen={corpus}/test-unseen.jsonl", "data.max_batch_seconds=20",
+        f"budget.wall_seconds={wall_seconds}", "budget.epochs=null", "budget.eval_every_epochs=5",
+        f"learners={LEARNERS}", "cpus_per_learner=1", f"group.kind={kind}", f"group.balance={str(balance).lower()}",
+        f"simulate.slowdown={{{SLOW}: {FACTOR}}}", f"name={name}"])
+
+
+def measure_ideal(corpus: Path, seconds: float) -> dict:
+    """Each learner's speed training alone (no group), all four at once, the slow one slowed."""
+    spec = job_spec(corpus, "gossip", False, seconds, "ideal")
+    raw = spec.model_dump(mode="json", include={"data", "features", "model", "optim"})
+    pgs, learners = place_learners("ideal", LEARNERS, 1.0, raw, spec.seed)
+    try:
+        fetch([a.join.remote(SoloMember()) for a in learners])
+        fetch(learners[SLOW].set_slowdown.remote(FACTOR))
+        marks: dict[int, list[tuple[float, int]]] = {i: [] for i in range(LEARNERS)}
+        pending = {a.run.remote(8, None, None, 0.0): i for i, a in enumerate(learners)}
+        deadline = time.time() + seconds
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            i = pending.pop(ready[0])
+            marks[i].append((time.time(), ray.get(ready[0])["samples"]))
+            if time.time() < deadline:
+                pending[learners[i].run.remote(8, None, None, 0.0)] = i
+        speeds = [(m[-1][1] - m[0][1]) / (m[-1][0] - m[0][0]) for m in marks.values()]
+    finally:
+        release(pgs, learners)
+    return {"speeds": [round(s, 2) for s in speeds], "ideal_samples_per_s": round(sum(speeds), 2)}
+
+
+def run_chorus(corpus: Path, name: str, wall_seconds: float) -> dict:
+    kind, balance = {"gossip": ("gossip", True), "allreduce_balanced": ("allreduce", True),
+                     "allreduce_equal": ("allreduce", False)}[name]
+    job = TrainingJob(job_spec(corpus, kind, balance, wall_seconds, name), WORK / name,
+                      report=lambda r: print(f"[{name}]", format_eval(r), flush=True))
+    summary = job.run()
+    first, last = job.evals[0], job.evals[-1]
+    rate = (last["samples"] - first["samples"]) / (last["wall_s"] - first["wall_s"])
+    rebalances = [e for e in job.events.recorded if e["kind"] == "rebalance"]
+    return {"samples_per_s": round(rate, 2), "wer_test": summary["wer_test"],
+            "wer_test_unseen": summary["wer_test_unseen"], "epochs": summary["epochs"],
+            "samples": summary["samples"], "wall_s": summary["wall_s"], "rebalances": rebalances,
+            "curve": [(e["wall_s"], e.get("dev_wer")) for e in job.evals]}
+
+
+def ray_train_loop(config: dict) -> None:
+    """One Ray Train worker: the same workload under DDP, equal shards and batches; the slow
+    rank sleeps (factor - 1) x its compute, as a Chorus learner under simulate.slowdown does."""
+    import tempfile
+    import time
+    from pathlib import Path
+
+    import ray.train
+    import ray.train.torch
+    import torch
+    import torch.distributed as dist
+
+    from jobs.workload import AsrWorkload, WorkloadConfig
+
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    torch.set_num_threads(1)
+    workload = AsrWorkload(WorkloadConfig.model_validate(config["workload"]), seed=config["seed"])
+    model = ray.train.torch.prepare_model(workload.build_model())
+    optimizer = workload.build_optimizer(model)
+    slowdown = config["factor"] if rank == config["slow"] else 1.0
+    deadline, step, samples, marks, epoch = config["deadline"], 0, 0, [], 0
+    while time.time() < deadline:
+        with model.join():  # shards hold different numbers of batches; ranks may stop at the deadline
+            for batch in workload.batches(rank, world, epoch):
+                if time.time() >= deadline:
+                    break
+                began = time.perf_counter()
+                optimizer.zero_grad()
+                workload.loss(model, batch).backward()
+                if slowdown > 1.0:
+                    time.sleep((time.perf_counter() - began) * (slowdown - 1.0))
+                workload.optimizer_step(model, optimizer, step, min(1.0, epoch / 40))
+                step, samples = step + 1, samples + batch.size
+        epoch += 1
+        total = torch.tensor([float(samples)])
+        dist.all_reduce(total)
+        marks.append((time.time(), int(total.item())))
+        with tempfile.TemporaryDirectory() as tmp:
+            checkpoint = None
+            if rank == 0:
+                torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict()},
+                           Path(tmp, "checkpoint.pt"))
+                checkpoint = ray.train.Checkpoint.from_directory(tmp)
+            ray.train.report({"epoch": epoch, "marks": marks}, checkpoint=checkpoint)
+
+
+def run_ray_train(corpus: Path, wall_seconds: float) -> dict:
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    spec = job_spec(corpus, "allreduce", False, wall_seconds, "ray-train")
+    workload = spec.model_dump(mode="json", include={"data", "features", "model", "optim"})
+    trainer = TorchTrainer(
+        ray_train_loop, train_loop_config={"workload": workload, "seed": spec.seed, "slow": SLOW, "factor": FACTOR,
+                                           "deadline": time.time() + wall_seconds},
+        scaling_config=ScalingConfig(num_workers=LEARNERS, use_gpu=False, resources_per_worker={"CPU": 1}),
+        torch_config=TorchConfig(backend="gloo"),
+        run_config=RunConfig(name=f"heterogeneous-{time.time_ns()}", storage_path=str(WORK / "ray_train")))
+    result = trainer.fit()
+    marks = result.metrics["marks"]
+    (t0, s0), (t1, s1) = marks[0], marks[-1]
+    return {"samples_per_s": round((s1 - s0) / (t1 - t0), 2), "epochs": len(marks), "samples": s1}
+
+
+def fresh(fn, *args) -> dict:
+    ray.init(num_cpus=LEARNERS, include_dashboard=False, log_to_driver=False)
+    try:
+        return fn(*args)
+    finally:
+        ray.shutdown()
+
+
+def plot(result: dict, path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    names = CONTENDERS
+    fractions = [result["contenders"][n]["fraction_of_ideal"] for n in names]
+    colors = ["tab:green", "tab:blue", "tab:cyan", "tab:gray"]
+    bars = ax.bar(range(len(names)), fractions, color=colors, alpha=0.85)
+    for bar, name in zip(bars, names, strict=True):
+        c = result["contenders"][name]
+        wer = f"\ntest WER {c['wer_test']:.2f}%" if c.get("wer_test") is not None else ""
+        ax.text(bar.get_x() + bar.get_width() / 2, bar.get_height() + 0.01,
+                f"{bar.get_height():.2f}\n{c['samples_per_s']:.0f}/s{wer}", ha="center", va="bottom", fontsize=8)
+    for name, target in TARGETS.items():
+        x = names.index(name)
+        ax.hlines(target, x - 0.4, x + 0.4, color="red", ls="--", lw=1)
+    ax.set_xticks(range(len(names)), ["Chorus gossip", "Chorus allreduce\nbalanced", "Chorus allreduce\nequal",
+                                      "Ray Train DDP\nequal"])
+    ax.set_ylim(0, 1.3)
+    ax.set_ylabel("aggregate samples/s / ideal")
+    ax.set_title(f"4 learners, learner {SLOW} slowed {FACTOR:g}x, 2 shared cores; ideal = "
+                 f"{result['ideal']['ideal_samples_per_s']:.0f} samples/s (red: targets)", fontsize=9)
+    ax.grid(True, axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--wall-seconds", type=float, default=345.0)
+    parser.add_argument("--ideal-seconds", type=float, default=90.0)
+    parser.add_argument("--only", default="", help="comma-separated contenders (default: all)")
+    args = parser.parse_args()
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # throwaway local instances
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    corpus = WORK / "corpus-2000-0"
+    synthesize(corpus, utterances=2000, eval_utterances=200, seed=0, progress=False)
+    ideal = fresh(measure_ideal, corpus, args.ideal_seconds)
+    print(f"[ideal] {json.dumps(ideal)}", flush=True)
+    contenders = {}
+    for name in [n for n in CONTENDERS if not args.only or n in args.only.split(",")]:
+        started = time.time()
+        contenders[name] = (fresh(run_ray_train, corpus, args.wall_seconds) if name == "ray_train"
+                            else fresh(run_chorus, corpus, name, args.wall_seconds))
+        contenders[name]["fraction_of_ideal"] = round(contenders[name]["samples_per_s"]
+                                                      / ideal["ideal_samples_per_s"], 3)
+        print(f"[{name}] {json.dumps({k: v for k, v in contenders[name].items() if k != 'curve'})} "
+              f"({time.time() - started:.0f} s)", flush=True)
+    checks = {}
+    if "ray_train" in contenders:
+        floor = contenders["ray_train"]["fraction_of_ideal"] * 2
+        for name, target in TARGETS.items():
+            if name in contenders:
+                c = contenders[name]
+                checks[name] = {"fraction": c["fraction_of_ideal"], "target": target,
+                                "twice_ray_train": round(floor, 3), "wer_test": c["wer_test"],
+                                "passed": c["fraction_of_ideal"] >= target and c["fraction_of_ideal"] >= floor
+                                and c["wer_test"] <= WER_TARGET}
+    passed = len(checks) == len(TARGETS) and all(c["passed"] for c in checks.values())
+    result = {"benchmark": "heterogeneous", "learners": LEARNERS, "slowdown": {SLOW: FACTOR},
+              "wall_seconds": args.wall_seconds, "ideal": ideal, "contenders": contenders, "checks": checks,
+              "passed": passed}
+    (RESULTS / "heterogeneous.json").write_text(json.dumps(result, indent=2) + "\n")
+    if len(contenders) == len(CONTENDERS):
+        plot(result, RESULTS / "heterogeneous.png")
+    print(json.dumps({"checks": checks, "passed": passed}))
+    return 0 if passed else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,516 @@
+"""Elastic membership: which learners a job has right now, and changing that while it trains.
+
+`Membership` owns the job's learners (id -> actor, placement group, node, last stats, measured
+speed), the capacity it has asked Ray for (one single-bundle placement group per learner it
+still wants, up to `learners.max`; a pending placement group is a resource demand that Ray
+places as soon as a node can hold it, and that an autoscaler sees), the `ShardPlanner`, and
+forming the group over the current members. The training loop in `job.py` calls it between
+chunks of steps:
+
+- `poll()`: learners whose slots were placed are started; a newcomer takes the current model,
+  optimizer state, step and epoch from a live learner (its ring neighbour for gossip; for
+  allreduce the group's broadcast at the re-form also syncs the weights) and joins.
+- `drop(id)`: a learner whose actor or node died leaves; its slot is asked for again.
+- `form_group()`: gossip members are swapped in while learners run (the ring changes from their
+  next step); allreduce and hierarchical members re-form their process groups from the learners'
+  in-memory state (no checkpoint restart), once every learner is between chunks.
+- `wait_for_min()`: below `learners.min` the job pauses and waits for capacity, saying what for,
+  and gives up with `CapacityTimeout` after `learners.wait_timeout_s`.
+- `rebalance()`: with `group.balance`, allreduce shards and batches follow measured speeds;
+  gossip puts the slowest learners at passive ring positions.
+
+Shards change only at epoch boundaries: the planner fixes an epoch's split the first time a
+learner asks for it, so every utterance is seen once in every epoch that starts after a change.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.groups import AllreduceMember, GossipMember, HierarchicalMember, SoloMember, ring_partners
+
+
+class CapacityTimeout(RuntimeError):
+    """Fewer than `learners.min` learners could be placed within `learners.wait_timeout_s`."""
+
+
+class ShardPlanner:
+    """Which shard each learner trains on in each epoch.
+
+    The driver sets the members (ordered learner ids, optionally a weight each); an epoch's split
+    is fixed the first time any learner asks for that epoch, so learners that reach an epoch at
+    different times split it the same way. A learner not in an epoch's split (it joined later)
+    gets None for that epoch.
+    """
+
+    def __init__(self, members: list[int] = (), weights: list[float] | None = None,
+                 frozen: dict[int, tuple[list[int], list[float] | None]] | None = None):
+        self.members, self.weights = list(members), (list(weights) if weights else None)
+        self.frozen = dict(frozen or {})
+
+    def set_members(self, members: list[int], weights: list[float] | None = None) -> int:
+        """Members from the next epoch nobody has started; returns that epoch."""
+        self.members, self.weights = list(members), (list(weights) if weights else None)
+        return max(self.frozen, default=-1) + 1
+
+    def assignment(self, learner_id: int, epoch: int) -> tuple[int, int, list[float] | None] | None:
+        """(rank, world size, weights) of `learner_id` in `epoch`, or None if it has no shard then."""
+        if epoch not in self.frozen:
+            self.frozen[epoch] = (list(self.members), self.weights)
+        members, weights = self.frozen[epoch]
+        if learner_id not in members:
+            return None
+        return members.index(learner_id), len(members), weights
+
+    def state(self) -> dict:
+        return {"members": self.members, "weights": self.weights, "frozen": self.frozen}
+
+    def load(self, state: dict) -> None:
+        self.members, self.weights = list(state["members"]), state["weights"]
+        self.frozen = {int(k): (list(v[0]), v[1]) for k, v in state["frozen"].items()}
+
+
+@dataclass
+class LearnerSlot:
+    """One live learner as the driver sees it."""
+
+    id: int
+    handle: Any
+    pg: Any = None
+    node: str | None = None
+    stats: dict = field(default_factory=dict)
+    speed: float | None = None  # utterances per second of its own compute, a rolling mean
+    in_group: bool = False
+
+    def observe(self, stats: dict) -> None:
+        self.stats = stats
+        compute = sum(stats["step_seconds"]) - sum(stats["comm_seconds"])
+        if stats["chunk_samples"] > 0 and compute > 0:
+            now = stats["chunk_samples"] / compute
+            self.speed = now if self.speed is None else 0.7 * self.speed + 0.3 * now
+
+
+@dataclass
+class Arrival:
+    """A learner started on a freshly placed slot, not yet answering."""
+
+    id: int
+    handle: Any
+    pg: Any
+    placed_at: float
+
+
+REBALANCE_CHANGE = 0.1  # rebalance when a learner's share would move by more than this fraction
+# (gossip: when a passive learner is more than twice this fraction faster than an active one)
+
+
+class Membership:
+    """Args:
+    job_id, spec: the job.
+    workload_config: the workload's sections of the spec, as a dict.
+    events: the job's EventLog; metrics: its JobMetrics.
+    use_ray: learners are Ray actors (False: one learner in this process, nothing elastic).
+    fallback_state: called for a state to start a newcomer from when no learner is alive
+        (the job's last checkpointed state).
+    """
+
+    def __init__(self, job_id: str, spec, workload_config: dict, events, metrics, use_ray: bool,
+                 fallback_state=None):
+        self.job_id, self.spec, self.workload_config = job_id, spec, workload_config
+        self.events, self.metrics, self.use_ray = events, metrics, use_ray
+        self.kind = spec.group.kind
+        self.fallback_state = fallback_state or (lambda: None)
+        self.live: dict[int, LearnerSlot] = {}
+        self.order: list[int] = []  # ring / rank order of the members
+        self.pending: dict[int, tuple[Any, Any]] = {}  # id -> (placement group, its ready() ref)
+        self.arriving: dict[Any, Arrival] = {}  # hello() ref -> arrival
+        self.retired_samples = 0  # samples of learners that left
+        self.node_groups: list[list[int]] = []  # hierarchical: learner ids per node
+        self.next_id = 0
+        self.started = False
+        self.planner = None
+        self.bundle: dict = {}
+
+    # -- capacity -------------------------------------------------------------------------------
+    @property
+    def collective(self) -> bool:
+        """Members step together (allreduce on Ray): the driver runs them in rounds."""
+        return self.use_ray and self.kind == "allreduce"
+
+    def start(self, ids: list[int] = ()) -> list[LearnerSlot]:
+        """Ask for `learners.max` slots (`ids` first, e.g. those of a checkpoint), wait until at
+        least `learners.min` are placed, start those learners; returns them (not yet in a group)."""
+        if not self.use_ray:
+            import os
+
+            from orchestrator.placement import InProcessLearner
+
+            threads = int(self.spec.cpus_per_learner) if self.spec.cpus_per_learner else (os.cpu_count() or 1)
+            self.planner = ShardPlanner([0])
+            handle = InProcessLearner(self.workload_config, self.spec.seed, 0, self.planner, threads,
+                                      self.spec.simulate.slowdown.get(0, 1.0))
+            self.live[0] = LearnerSlot(0, handle, node="local")
+            self.order = [0]
+            self.started = True
+            return [self.live[0]]
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        from orchestrator.placement import cluster_has_gpus, learner_bundle
+
+        spec = self.spec
+        self.bundle = learner_bundle(spec.cpus_per_learner or 1.0, cluster_has_gpus(), spec.learner_resources)
+        # the planner lives on the driver's node, so losing any other node never loses it
+        self.planner = ray.remote(ShardPlanner).options(
+            name=f"{self.job_id}/planner", num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(
+                ray.get_runtime_context().get_node_id(), soft=False)).remote()
+        self.next_id = max(ids, default=-1) + 1
+        self._ask(list(ids))
+        self._ask_autoscaler()
+        want = spec.learners
+        refs = {ref: i for i, (_, ref) in self.pending.items()}
+        ray.wait(list(refs), num_returns=len(refs), timeout=2.0)  # whatever fits now starts together
+        self._start_placed()
+        if len(self.live) + len(self.arriving) < want.min:
+            self._say_waiting()
+        deadline = time.time() + want.wait_timeout_s
+        while len(self.live) + len(self.arriving) < want.min or self.arriving:
+            self._wait_for_anything(deadline)
+            self._start_placed()
+            self._answered(timeout=0)
+        self.started = True
+        return [self.live[i] for i in sorted(self.live)]
+
+    def _ask(self, ids: list[int] = ()) -> None:
+        """Placement groups for as many learners as it takes to reach `learners.max`."""
+        from orchestrator.placement import request_slot
+
+        ids = list(ids)
+        while len(self.live) + len(self.arriving) + len(self.pending) < self.spec.learners.max:
+            learner_id = ids.pop(0) if ids else self._new_id()
+            pg = request_slot(self.job_id, learner_id, self.bundle)
+            self.pending[learner_id] = (pg, pg.ready())
+
+    def _new_id(self) -> int:
+        self.next_id += 1
+        return self.next_id - 1
+
+    def _ask_autoscaler(self) -> None:
+        """On a cluster with an autoscaler, ask it for `learners.max` learners' worth of nodes
+        (recorded by Ray even without one; cleared at release)."""
+        from ray.autoscaler.sdk import request_resources
+
+        try:
+            request_resources(bundles=[self.bundle] * self.spec.learners.max)
+        except Exception:  # noqa: BLE001 - best effort: no autoscaler, or an old GCS
+            pass
+
+    def _start_placed(self) -> list[Arrival]:
+        """Start a learner on every slot Ray has placed since the last call."""
+        import ray
+
+        from orchestrator.placement import start_learner
+
+        if not self.pending:
+            return []
+        by_ref = {ref: i for i, (_, ref) in self.pending.items()}
+        placed, _ = ray.wait(list(by_ref), num_returns=len(by_ref), timeout=0)
+        started = []
+        for ref in placed:
+            learner_id = by_ref[ref]
+            pg, _ = self.pending.pop(learner_id)
+            slowdown = self.spec.simulate.slowdown.get(learner_id, 1.0)
+            handle = start_learner(self.job_id, learner_id, pg, self.bundle, self.workload_config, self.spec.seed,
+                                   self.planner, slowdown)
+            if self.started:  # joining a running job: start from a live learner's state
+                donor = self._donor_state()
+                if donor is not None:
+                    handle.load_state.remote(donor, True)
+            arrival = Arrival(learner_id, handle, pg, time.time())
+            self.arriving[handle.hello.remote()] = arrival  # answers after the state is loaded
+            started.append(arrival)
+        return started
+
+    def _donor_state(self):
+        """A live learner's state (an object ref): the last on the ring, which a newcomer joins
+        next to; with nobody alive, the job's last checkpointed state."""
+        if self.order:
+            return self.live[self.order[-1]].handle.state.remote()
+        return self.fallback_state()
+
+    def _answered(self, timeout: float) -> list[LearnerSlot]:
+        """Arrivals that have answered become live (not yet in the group); ones that died while
+        starting are reported and their slot asked for again."""
+        import ray
+
+        if not self.arriving:
+            return []
+        ready, _ = ray.wait(list(self.arriving), num_returns=len(self.arriving), timeout=timeout)
+        joined = []
+        for ref in ready:
+            arrival = self.arriving.pop(ref)
+            try:
+                hello = ray.get(ref)
+            except ray.exceptions.RayError as exc:
+                self._failed_to_start(arrival, exc)
+                continue
+            node = hello.pop("node")
+            slot = LearnerSlot(arrival.id, arrival.handle, arrival.pg, node, stats=hello)
+            self.live[slot.id] = slot
+            joined.append(slot)
+            self.events.emit("join", f"learner {slot.id} joined on node {node[:8]} "
+                             f"({len(self.live)} learner{'s' if len(self.live) > 1 else ''})",
+                             learner=slot.id, node=node, learners=len(self.live),
+                             ready_s=round(time.time() - arrival.placed_at, 3))
+        if joined:
+            self.metrics.learners(len(self.live))
+        return joined
+
+    def _failed_to_start(self, arrival: Arrival, exc: Exception) -> None:
+        from orchestrator.placement import release
+
+        self.events.emit("failure", f"learner {arrival.id} died while starting: {_reason(exc)}",
+                         learner=arrival.id, error=_reason(exc))
+        release([arrival.pg], [arrival.handle])
+        self._ask()
+
+    def _wait_for_anything(self, deadline: float) -> None:
+        """Block until a slot is placed or an arrival answers, or raise CapacityTimeout at `deadline`."""
+        import ray
+
+        refs = [ref for _, ref in self.pending.values()] + list(self.arriving)
+        left = deadline - time.time()
+        if left <= 0 or not refs:
+            raise CapacityTimeout(self._waiting_message(timed_out=True))
+        ray.wait(refs, num_returns=1, timeout=min(left, 5.0))
+
+    def _waiting_message(self, timed_out: bool = False) -> str:
+        import ray
+
+        want = self.spec.learners
+        have = len(self.live) + len(self.arriving)
+        missing = want.min - have
+        available = ray.available_resources()
+        free = {k: round(available.get(k, 0), 2) for k in self.bundle}
+        what = (f"{self.job_id}: {have} of at least {want.min} learners placed; "
+                f"{'gave up waiting' if timed_out else 'waiting'} for capacity for {missing} more "
+                f"({self.bundle} each; free now: {free})")
+        return what + (f" after {want.wait_timeout_s:g} s (learners.wait_timeout_s)" if timed_out
+                       else f", for up to {want.wait_timeout_s:g} s (learners.wait_timeout_s)")
+
+    def _say_waiting(self) -> None:
+        self.events.emit("waiting", self._waiting_message(), learners=len(self.live),
+                         min=self.spec.learners.min, bundle=self.bundle)
+
+    # -- while training --------------------------------------------------------------------------
+    def poll(self, timeout: float = 0) -> list[LearnerSlot]:
+        """Start learners on newly placed slots; returns the ones that have become live."""
+        if not self.use_ray:
+            return []
+        self._start_placed()
+        return self._answered(timeout)
+
+    def below_min(self) -> bool:
+        return len(self.live) < self.spec.learners.min
+
+    def wait_for_min(self) -> list[LearnerSlot]:
+        """Block until `learners.min` learners are live again; returns those that joined."""
+        self._say_waiting()
+        deadline = time.time() + self.spec.learners.wait_timeout_s
+        joined = []
+        while self.below_min():
+            self._wait_for_anything(deadline)
+            joined += self.poll()
+        return joined
+
+    def drop(self, learner_id: int, error: Exception | str) -> None:
+        """A learner died (or its node did): record it, free its slot, ask for a new one."""
+        from orchestrator.placement import release
+
+        slot = self.live.pop(learner_id, None)
+        if slot is None:
+            return
+        reason = _reason(error)
+        self.events.emit("failure", f"learner {learner_id} on node {(slot.node or '?')[:8]} died: {reason}",
+                         learner=learner_id, node=slot.node, error=reason)
+        self.retired_samples += slot.stats.get("samples", 0)
+        if learner_id in self.order:
+            self.order.remove(learner_id)
+        release([slot.pg], [slot.handle])
+        self.events.emit("leave", f"learner {learner_id} left the group ({len(self.live)} left)",
+                         learner=learner_id, learners=len(self.live))
+        self.metrics.learners(len(self.live))
+        self._ask()
+
+    def slots(self) -> list[LearnerSlot]:
+        return [self.live[i] for i in self.order if i in self.live] + \
+               [s for i, s in sorted(self.live.items()) if i not in self.order]
+
+    # -- the group ------------------------------------------------------------------------------
+    def form_group(self) -> list[int]:
+        """Build the group over the live learners and hand every learner its member. Gossip
+        members are swapped in while learners run; allreduce and hierarchical members re-form
+        their process groups, so every learner must be between chunks. Returns learners that
+        died meanwhile (already dropped; the caller forms the group again)."""
+        from orchestrator.placement import fetch
+
+        self.order = self._ring_order() if self.kind == "gossip" else [s.id for s in self.slots()]
+        members = self._members([self.live[i].handle for i in self.order])
+        ids = list(self.order)
+        self.planner_members()
+        refs = []
+        for i, member in zip(ids, members, strict=True):
+            slot = self.live[i]
+            swap = self.kind == "gossip" and slot.in_group  # gossip members need no setup: swap while running
+            refs.append(slot.handle.regroup.remote(member) if swap else slot.handle.join.remote(member))
+            slot.in_group = True
+        if not self.use_ray:
+            return []
+        if self.kind == "gossip":
+            return []  # swaps are immediate; a learner that died shows up through its run
+        failed = []
+        for i, ref in zip(ids, refs, strict=True):
+            try:
+                fetch(ref)
+            except Exception as exc:  # noqa: BLE001 - a learner died while joining
+                failed.append((i, exc))
+        for i, exc in failed:
+            self.drop(i, exc)
+        return [i for i, _ in failed]
+
+    def planner_members(self) -> None:
+        """Tell the planner the members (and balanced weights) for the next unstarted epoch."""
+        from orchestrator.placement import fetch
+
+        if not self.use_ray:
+            return
+        weights = self._weights()
+        ids = list(self.order)
+        fetch(self.planner.set_members.remote(ids, weights))
+        self._planned = (ids, weights)
+
+    def _weights(self) -> list[float] | None:
+        """Shard weights by measured speed (balanced allreduce), once every member has one."""
+        if not (self.spec.group.balance and self.kind == "allreduce" and len(self.order) > 1):
+            return None
+        speeds = [self.live[i].speed for i in self.order]
+        if any(s is None for s in speeds):
+            return None
+        total = sum(speeds)
+        return [round(s / total, 4) for s in speeds]
+
+    def _ring_order(self) -> list[int]:
+        """Gossip ring: the fastest learners at the active (even) positions, the slowest at the
+        passive ones, so an active learner never mixes less because it is slow and the slow
+        learners are averaged by the fast ones every step. Learners without a measured speed
+        yet keep their place."""
+        slots = self.slots()
+        if not (self.spec.group.balance and all(s.speed is not None for s in slots)):
+            return [s.id for s in slots]
+        by_speed = sorted(slots, key=lambda s: -s.speed)
+        n = len(by_speed)
+        actives, passives = by_speed[:(n + 1) // 2], by_speed[(n + 1) // 2:]
+        order = []
+        for k in range(n):
+            order.append((actives if k % 2 == 0 else passives).pop(0).id)
+        return order
+
+    def rebalance(self) -> bool:
+        """Adapt to measured speeds (called at evaluations, about once per epoch); returns whether
+        the group changed. allreduce: new shard weights from the next unstarted epoch; gossip: a
+        new ring order, swapped in at once."""
+        if not (self.use_ray and self.spec.group.balance and len(self.live) > 1):
+            return False
+        if self.kind == "allreduce":
+            weights = self._weights()
+            old = getattr(self, "_planned", (None, None))[1]
+            if weights is None or (old is not None and max(
+                    abs(a - b) / b for a, b in zip(weights, old, strict=True)) <= REBALANCE_CHANGE):
+                return False
+            self.planner_members()
+            self.events.emit("rebalance", "shard and batch shares by measured speed: " + ", ".join(
+                f"learner {i} {w:.2f}" for i, w in zip(self.order, weights, strict=True)),
+                weights={str(i): w for i, w in zip(self.order, weights, strict=True)},
+                speeds={str(i): round(self.live[i].speed, 2) for i in self.order})
+            return True
+        if self.kind == "gossip":
+            speeds = {i: self.live[i].speed for i in self.order}
+            if any(v is None for v in speeds.values()):
+                return False
+            actives, passives = self.order[0::2], self.order[1::2]
+            # only when a passive learner is clearly faster than an active one (not measurement noise)
+            if not passives or max(speeds[i] for i in passives) <= (1 + REBALANCE_CHANGE * 2) * min(
+                    speeds[i] for i in actives):
+                return False
+            self.form_group()
+            self.events.emit("rebalance", "gossip ring by measured speed (passive: "
+                             + ", ".join(str(i) for i in self.order[1::2]) + ")", ring=self.order,
+                             speeds={str(i): round(self.live[i].speed, 2) for i in self.order})
+            return True
+        return False
+
+    def _members(self, handles) -> list:
+        n, kind = len(handles), self.kind
+        if not self.use_ray or (n == 1 and kind == "gossip"):
+            return [SoloMember()] * n
+        if kind == "gossip":
+            return [GossipMember(i, [handles[q] for q in ring_partners(i, n)], self.spec.seed) for i in range(n)]
+        from orchestrator.placement import fetch
+
+        backend = "nccl" if set(fetch([h.device.remote() for h in handles])) == {"cuda"} else "gloo"
+        if kind == "hierarchical":
+            return self._hierarchical_members(handles, backend)
+        ip, port = fetch([handles[0].ip.remote(), handles[0].free_port.remote()])
+        return [AllreduceMember(i, n, f"{ip}:{port}", backend) for i in range(n)]
+
+    def _hierarchical_members(self, handles, backend: str) -> list:
+        """Learners grouped by the node they run on; each node's first learner leads it on the
+        leaders' gossip ring."""
+        from orchestrator.placement import fetch
+
+        by_node: dict[str, list[int]] = {}
+        for i, slot_id in enumerate(self.order):
+            by_node.setdefault(self.live[slot_id].node, []).append(i)
+        nodes = list(by_node.values())
+        leaders = [idxs[0] for idxs in nodes]
+        members: list = [None] * len(handles)
+        for k, idxs in enumerate(nodes):
+            ip, port = fetch([handles[idxs[0]].ip.remote(), handles[idxs[0]].free_port.remote()])
+            ring = GossipMember(k, [handles[leaders[q]] for q in ring_partners(k, len(nodes))], self.spec.seed)
+            for j, i in enumerate(idxs):
+                members[i] = HierarchicalMember(j, len(idxs), f"{ip}:{port}", ring if j == 0 else None, backend)
+        self.node_groups = [[self.order[i] for i in idxs] for idxs in nodes]
+        return members
+
+    # -- the end --------------------------------------------------------------------------------
+    def release(self) -> None:
+        """Kill every learner (live or starting) and the planner, free every placement group
+        (placed or pending) and withdraw the autoscaler request."""
+        if not self.use_ray:
+            return
+        from orchestrator.placement import release
+
+        pgs = [s.pg for s in self.live.values()] + [a.pg for a in self.arriving.values()] + \
+              [pg for pg, _ in self.pending.values()]
+        actors = [s.handle for s in self.live.values()] + [a.handle for a in self.arriving.values()]
+        release(pgs, actors + ([self.planner] if self.planner is not None else []))
+        self.live.clear()
+        self.arriving.clear()
+        self.pending.clear()
+        try:
+            from ray.autoscaler.sdk import request_resources
+
+            request_resources(bundles=[])
+        except Exception:  # noqa: BLE001 - best effort, as when asking
+            pass
+
+
+def _reason(error: Exception | str) -> str:
+    """One line on why a learner is gone."""
+    if isinstance(error, str):
+        return error
+    text = str(error).strip().splitlines()
+    first = next((line for line in text if line.strip()), type(error).__name__)
+    return f"{type(error).__name__}: {first[:200]}"
