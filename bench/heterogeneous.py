@@ -94,7 +94,10 @@ def run_chorus(corpus: Path, name: str, wall_seconds: float) -> dict:
                       report=lambda r: print(f"[{name}]", format_eval(r), flush=True))
     summary = job.run()
     first, last = job.evals[0], job.evals[-1]
-    rate = (last["samples"] - first["samples"]) / (last["wall_s"] - first["wall_s"])
+    if last["wall_s"] > first["wall_s"]:
+        rate = (last["samples"] - first["samples"]) / (last["wall_s"] - first["wall_s"])
+    else:  # a budget too short for two evaluations (smoke runs): start-up included
+        rate = summary["samples"] / summary["train_wall_s"]
     rebalances = [e for e in job.events.recorded if e["kind"] == "rebalance"]
     return {"samples_per_s": round(rate, 2), "wer_test": summary["wer_test"],
             "wer_test_unseen": summary["wer_test_unseen"], "epochs": summary["epochs"],
