@@ -94,7 +94,7 @@ def run_chorus(corpus: Path, kind: str, kills: int) -> dict:
                                lambda: [e for e in joined() if e["learner"] not in learners_before])[0]
             r = wait_until("the group stepping with it", lambda: recovered("join", event["learner"]))[0]
             return {"since_capacity_s": round(r["stepping_at"] - since, 3),
-                    "ready_to_stepping_s": round(r["stepping_at"] - event["time"], 3),
+                    "ready_to_stepping_s": round(r["stepping_at"] - event["ready_at"], 3),
                     "learner_start_s": event["ready_s"]}
 
         before = {e["learner"] for e in joined()}

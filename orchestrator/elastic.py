@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.groups import AllreduceMember, GossipMember, HierarchicalMember, SoloMember, ring_partners
+from orchestrator.placement import batch_shares, ring_by_speed
 
 
 class CapacityTimeout(RuntimeError):
@@ -128,6 +129,7 @@ class Membership:
         self.arriving: dict[Any, Arrival] = {}  # hello() ref -> arrival
         self.retired_samples = 0  # samples of learners that left
         self.node_groups: list[list[int]] = []  # hierarchical: learner ids per node
+        self.hosted: dict[str, list[int]] = {}  # node id -> learners that ran there
         self.next_id = 0
         self.started = False
         self.planner = None
@@ -256,14 +258,15 @@ class Membership:
             except ray.exceptions.RayError as exc:
                 self._failed_to_start(arrival, exc)
                 continue
-            node = hello.pop("node")
+            node, ready_at = hello.pop("node"), hello.pop("ready_at")
+            self.hosted.setdefault(node, []).append(arrival.id)
             slot = LearnerSlot(arrival.id, arrival.handle, arrival.pg, node, stats=hello)
             self.live[slot.id] = slot
             joined.append(slot)
             self.events.emit("join", f"learner {slot.id} joined on node {node[:8]} "
                              f"({len(self.live)} learner{'s' if len(self.live) > 1 else ''})",
-                             learner=slot.id, node=node, learners=len(self.live),
-                             ready_s=round(time.time() - arrival.placed_at, 3))
+                             learner=slot.id, node=node, learners=len(self.live), ready_at=round(ready_at, 3),
+                             ready_s=round(ready_at - arrival.placed_at, 3))
         if joined:
             self.metrics.learners(len(self.live))
         return joined
@@ -398,24 +401,15 @@ class Membership:
         speeds = [self.live[i].speed for i in self.order]
         if any(s is None for s in speeds):
             return None
-        total = sum(speeds)
-        return [round(s / total, 4) for s in speeds]
+        return batch_shares(speeds)
 
     def _ring_order(self) -> list[int]:
-        """Gossip ring: the fastest learners at the active (even) positions, the slowest at the
-        passive ones, so an active learner never mixes less because it is slow and the slow
-        learners are averaged by the fast ones every step. Learners without a measured speed
-        yet keep their place."""
+        """Gossip ring: by measured speed (`placement.ring_by_speed`) with `group.balance` once
+        every learner has a speed; until then learners keep their place."""
         slots = self.slots()
         if not (self.spec.group.balance and all(s.speed is not None for s in slots)):
             return [s.id for s in slots]
-        by_speed = sorted(slots, key=lambda s: -s.speed)
-        n = len(by_speed)
-        actives, passives = by_speed[:(n + 1) // 2], by_speed[(n + 1) // 2:]
-        order = []
-        for k in range(n):
-            order.append((actives if k % 2 == 0 else passives).pop(0).id)
-        return order
+        return ring_by_speed({s.id: s.speed for s in slots})
 
     def rebalance(self) -> bool:
         """Adapt to measured speeds (called at evaluations, about once per epoch); returns whether
@@ -483,6 +477,17 @@ class Membership:
                 members[i] = HierarchicalMember(j, len(idxs), f"{ip}:{port}", ring if j == 0 else None, backend)
         self.node_groups = [[self.order[i] for i in idxs] for idxs in nodes]
         return members
+
+    def nodes_used(self) -> list[dict]:
+        """The inventory entries (`placement.node_inventory`) of the nodes that hosted learners,
+        with those learners' ids; nodes that are gone by now keep only their id."""
+        if not self.use_ray:
+            return []
+        from orchestrator.placement import node_inventory
+
+        known = {n["node_id"]: n for n in node_inventory()}
+        return [{**known.get(node, {"node_id": node, "gone": True}), "learners": ids}
+                for node, ids in self.hosted.items()]
 
     # -- the end --------------------------------------------------------------------------------
     def release(self) -> None:

@@ -139,7 +139,9 @@ class TrainingJob:
             return out_of_epochs or (deadline is not None and time.time() >= deadline) or self._stop.is_set()
 
         def dispatch(slot) -> None:
-            ref = slot.handle.run.remote(CHUNK_STEPS, None if lockstep else deadline, b.epochs, progress())
+            # while a learner is starting, collective rounds are short, so it joins soon after it is ready
+            steps = CHUNK_STEPS if not (lockstep and m.arriving) else 2
+            ref = slot.handle.run.remote(steps, None if lockstep else deadline, b.epochs, progress())
             pending[ref] = slot.id
 
         def changed(learner_id: int, cause: str) -> None:
@@ -169,7 +171,7 @@ class TrainingJob:
                     break
                 for slot in m.slots():
                     dispatch(slot)
-                results, failed = _gather(pending)
+                results, failed = _gather_round(pending, m) if self.use_ray else _gather(pending)
             else:
                 if not reform:
                     running = set(pending.values())
@@ -226,7 +228,7 @@ class TrainingJob:
             self.metrics.speed(learner_id, slot.speed)
         if stats.get("first_step_at") is not None:
             self._first_step_at = min(self._first_step_at or stats["first_step_at"], stats["first_step_at"])
-        self._recovery_stepped(learner_id, stats.get("chunk_first_step_at"))
+        self._recovery_stepped(learner_id, stats.get("step_began", []), stats["step_seconds"])
         return stats["loss"]
 
     def _drain(self, pending: dict) -> None:
@@ -249,15 +251,17 @@ class TrainingJob:
             if r["regrouped_at"] is None:
                 r["regrouped_at"] = now
 
-    def _recovery_stepped(self, learner_id: int, first_step_at: float | None) -> None:
-        """The group steps with its new membership once a learner of it completes a step after
-        the change took effect (for a join: the newcomer itself)."""
-        if first_step_at is None:
-            return
+    def _recovery_stepped(self, learner_id: int, step_began: list[float], step_seconds: list[float]) -> None:
+        """The group steps with its new membership once a learner in it completes a step that it
+        started after the change took effect (for a join: the newcomer itself)."""
         for r in self.recoveries:
-            if r["stepping_at"] is None and r["regrouped_at"] is not None and first_step_at >= r["regrouped_at"] \
-                    and (r["cause"] != "join" or r["learner"] == learner_id):
-                r["stepping_at"] = round(first_step_at, 3)
+            if r["stepping_at"] is not None or r["regrouped_at"] is None:
+                continue
+            if r["cause"] == "join" and r["learner"] != learner_id:
+                continue
+            ends = [t + d for t, d in zip(step_began, step_seconds, strict=True) if t >= r["regrouped_at"]]
+            if ends:
+                r["stepping_at"] = round(min(ends), 3)
 
     # -- evaluation and checkpoints ---------------------------------------------------------------
     def _average_model(self, states: list[dict]) -> float:
@@ -384,6 +388,7 @@ class TrainingJob:
             "consensus_distance": last.get("consensus_distance"),
             "events": events,
             "recoveries": self.recoveries,
+            "nodes": m.nodes_used(),
             "skipped_utterances": dict(self.workload.train.skipped.counts) if self.evals else {},
             "checkpoint": str(self.out_dir / "checkpoint.pt"),
         }
@@ -402,6 +407,43 @@ def _gather(pending: dict) -> tuple[list[tuple[int, dict]], list[tuple[int, Exce
             failed.append((learner_id, exc))
     pending.clear()
     return results, failed
+
+
+UNRESPONSIVE_S = 5.0  # a round's member that neither finishes nor answers a ping this long after a
+# collective broke is taken for dead (its node may be gone before Ray has declared it dead)
+
+
+def _gather_round(pending: dict, membership) -> tuple[list[tuple[int, dict]], list[tuple[int, Exception]]]:
+    """A lockstep round's results. Once some members report their collective broken, the others
+    get UNRESPONSIVE_S to finish; one that neither finishes nor answers a ping on its `mix`
+    thread is reported as failed (its process or node is gone), without waiting for Ray's node
+    failure detection."""
+    import ray
+
+    results, failed = [], []
+    while pending:
+        broken = failed or any(stats.get("broken") for _, stats in results)
+        ready, _ = ray.wait(list(pending), num_returns=1, timeout=UNRESPONSIVE_S if broken else None)
+        if not ready:
+            silent = {ref: i for ref, i in pending.items() if not _answers(membership.live.get(i))}
+            for ref, learner_id in silent.items():
+                del pending[ref]
+                failed.append((learner_id, RuntimeError(
+                    f"no answer {UNRESPONSIVE_S:g} s after its group's collective broke (node unreachable?)")))
+            continue
+        done_results, done_failed = _gather({ref: pending.pop(ref) for ref in ready})
+        results += done_results
+        failed += done_failed
+    return results, failed
+
+
+def _answers(slot) -> bool:
+    import ray
+
+    if slot is None:
+        return False
+    ready, _ = ray.wait([slot.handle.ping.remote()], timeout=2.0)
+    return bool(ready)
 
 
 def _gone(exc: Exception) -> bool:

@@ -102,8 +102,6 @@ class Learner:
             self.position = self._drawn
         if self.first_step_at is None:
             self.first_step_at = time.time()
-        if self.chunk_first_step_at is None:
-            self.chunk_first_step_at = time.time()
         self.chunk_samples += samples
         self.loss_sum += loss
         self.loss_n += 1
@@ -111,11 +109,12 @@ class Learner:
     def timed_step(self, group) -> None:
         """One `group.step`; a step that trained something adds its wall and communication
         seconds to this chunk's timings."""
-        step, comm, start = self.step, self.comm_s, time.perf_counter()
+        step, comm, start, began = self.step, self.comm_s, time.perf_counter(), time.time()
         group.step(self)
         if self.step > step:
             self.step_seconds.append(time.perf_counter() - start)
             self.comm_seconds.append(self.comm_s - comm)
+            self.step_began.append(began)
 
     # -- weights ------------------------------------------------------------------------------
     def flat_weights(self, on_device: bool = False) -> torch.Tensor:
@@ -178,21 +177,21 @@ class Learner:
             self._shard = None
 
     def take_stats(self) -> dict:
-        """Counters, plus this chunk's (since the last call) mean loss, samples and per-step wall
-        and communication seconds."""
+        """Counters, plus this chunk's (since the last call) mean loss, samples, per-step wall
+        and communication seconds and start times."""
         stats = {**self.counters(), "loss": self.loss_sum / self.loss_n if self.loss_n else None,
                  "chunk_samples": self.chunk_samples, "step_seconds": self.step_seconds,
                  "comm_seconds": self.comm_seconds, "first_step_at": self.first_step_at,
-                 "chunk_first_step_at": self.chunk_first_step_at}
+                 "step_began": self.step_began}
         self._reset_chunk()
         return stats
 
     def _reset_chunk(self) -> None:
-        self.chunk_first_step_at: float | None = None  # time.time() of this chunk's first step
         self.loss_sum = self.loss_n = 0.0
         self.chunk_samples = 0
         self.step_seconds: list[float] = []
         self.comm_seconds: list[float] = []
+        self.step_began: list[float] = []  # time.time() at the start of each of this chunk's steps
 
 
 def _call(target, method: str, *args):
@@ -242,7 +241,7 @@ class LearnerService:
     def hello(self) -> dict:
         """Answers once the learner is built (and any state sent before it loaded): its node and
         counters."""
-        return {"node": self.node_id(), **self.learner.counters()}
+        return {"node": self.node_id(), "ready_at": time.time(), **self.learner.counters()}
 
     def join(self, group_state) -> None:
         """Attach this learner to its group (a groups.* member object, built by the driver),
@@ -251,6 +250,11 @@ class LearnerService:
             self.group.close()
         self.group = group_state
         self.group.setup(self.learner)
+
+    @ray.method(concurrency_group="mix")
+    def ping(self) -> bool:
+        """Answers while the learner's process is alive, even in the middle of a step."""
+        return True
 
     @ray.method(concurrency_group="mix")
     def regroup(self, group_state) -> None:

@@ -1,8 +1,9 @@
 """Placing learners: one single-bundle placement group per learner (`<job>/learner-<id>`) holding
 one named learner actor (`<job>/learner-<id>`), so learners can be added or lost one at a time
 and the Ray dashboard's Actors and Placement Groups views show each. One-learner jobs outside Ray
-run the same learner in-process. Also the inventory of the cluster's nodes: what accelerators and
-custom resources each offers.
+run the same learner in-process. Also the inventory of the cluster's nodes (what accelerators,
+labels and custom resources each offers) and what measured speeds imply: allreduce batch shares
+and the gossip ring order.
 """
 
 from __future__ import annotations
@@ -62,6 +63,36 @@ def place_learners(job_id: str, count: int, cpus_per_learner: float, workload_co
     planner = ShardPlanner(list(range(count)))
     actors = [start_learner(job_id, i, pg, bundle, workload_config, seed, planner) for i, pg in enumerate(pgs)]
     return pgs, actors
+
+
+def batch_shares(speeds: list[float]) -> list[float]:
+    """Each learner's share of an allreduce step's global batch (and of the epoch's data):
+    proportional to its measured speed, so fast and slow learners finish a step together.
+
+    Example:
+        >>> batch_shares([60.0, 60.0, 60.0, 20.0])
+        [0.3, 0.3, 0.3, 0.1]
+    """
+    if not speeds or any(s <= 0 for s in speeds):
+        raise ValueError(f"speeds must be positive, got {speeds}")
+    total = sum(speeds)
+    return [round(s / total, 4) for s in speeds]
+
+
+def ring_by_speed(speeds: dict[int, float]) -> list[int]:
+    """A gossip ring order (learner ids) with the fastest learners at the active, even positions
+    and the slowest at the passive ones: an active learner mixes once per own step, so a slow
+    one would mix rarely, while a passive learner is averaged by both neighbours every step
+    they take; and no active learner waits on a passive one that is busy being slow.
+
+    Example:
+        >>> ring_by_speed({0: 50.0, 1: 20.0, 2: 55.0, 3: 52.0})
+        [2, 0, 3, 1]
+    """
+    by_speed = sorted(speeds, key=lambda i: -speeds[i])
+    half = (len(by_speed) + 1) // 2
+    actives, passives = by_speed[:half], by_speed[half:]
+    return [(actives if k % 2 == 0 else passives).pop(0) for k in range(len(by_speed))]
 
 
 def node_inventory() -> list[dict]:

@@ -86,7 +86,7 @@ def _wait_for(what: str, condition, job_thread, timeout: float = 120.0):
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
-@pytest.mark.parametrize("kind", ["gossip", "allreduce"])
+@pytest.mark.parametrize("kind", ["gossip", "allreduce", "hierarchical"])
 def test_chaos_kill_a_learner_lose_a_node_gain_a_node(chaos_cluster, corpus, tmp_path, kind):
     import ray
     from ray.util import placement_group_table
@@ -154,6 +154,10 @@ def test_chaos_kill_a_learner_lose_a_node_gain_a_node(chaos_cluster, corpus, tmp
     kinds = [e["kind"] for e in logged]
     assert kinds.count("failure") == 2 and kinds.count("leave") == 2 and kinds.count("join") == 5, kinds
     assert summary["learners"] == 3 and summary["events"]["join"] == 5
+    hosts = {n["node_id"]: n for n in summary["nodes"]}  # the inventory of the nodes learners ran on
+    assert set(hosts) == {node_a.node_id, node_b.node_id, node_c.node_id}
+    assert hosts[node_b.node_id].get("gone") and hosts[node_c.node_id]["custom"] == {"learner_slot": 1.0}
+    assert len(hosts[node_a.node_id]["learners"]) == 3  # two at the start, the replacement
     assert summary["final_train_loss"] < summary["first_train_loss"]
     # the replacement and the newcomer took the group's weights: they started from its step count
     assert all(r["stepping_at"] for r in summary["recoveries"]), summary["recoveries"]
@@ -192,3 +196,23 @@ def test_train_waits_for_min_learners_then_gives_up_cleanly(ray_cluster, corpus,
     assert not [a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith("waits-")]
     groups = [g for g in placement_group_table().values() if g["name"].startswith("waits-")]
     assert len(groups) == 3 and all(g["state"] == "REMOVED" for g in groups), groups
+
+
+def test_balance_helpers():
+    from orchestrator.placement import batch_shares, ring_by_speed
+
+    assert batch_shares([30.0, 10.0]) == [0.75, 0.25]
+    with pytest.raises(ValueError, match="positive"):
+        batch_shares([1.0, 0.0])
+    # 5 learners: the 3 fastest active (even positions), the 2 slowest passive (odd positions)
+    ring = ring_by_speed({7: 10.0, 3: 50.0, 4: 45.0, 9: 60.0, 1: 20.0})
+    assert ring[0::2] == [9, 3, 4] and ring[1::2] == [1, 7]
+
+
+def test_node_inventory_lists_custom_resources(ray_cluster):
+    from orchestrator.placement import node_inventory
+
+    nodes = {n["node_id"]: n for n in node_inventory()}
+    worker = nodes[ray_cluster.session_worker.node_id]
+    assert worker["custom"] == {"learner_slot": 2.0} and worker["cpus"] == 2.0 and worker["accelerator"] is None
+    assert len(nodes) == 2
