@@ -154,7 +154,7 @@ def ray_train_loop(config: dict) -> None:
         optimizer.load_state_dict(state["optimizer"])
         step, epoch = state["step"], state["epoch"]
     model = ray.train.torch.prepare_model(model)
-    log = Path(config["log"])
+    log, started = Path(config["log"]), time.time()  # this worker group's start
     while not Path(config["stop"]).exists():
         with model.join():
             for batch in workload.batches(rank, world, epoch):
@@ -163,7 +163,7 @@ def ray_train_loop(config: dict) -> None:
                 workload.optimizer_step(model, optimizer, step, 0.0)
                 step += 1
                 with open(log, "a") as f:
-                    f.write(f"{time.time()} {world} {rank}\n")
+                    f.write(f"{time.time()} {world} {rank} {started}\n")
                 if step % 10 == 0:  # a checkpoint to resume from every 10 steps
                     with tempfile.TemporaryDirectory() as tmp:
                         saved = None
@@ -196,43 +196,54 @@ def run_ray_train(corpus: Path, kills: int) -> dict:
         torch_config=TorchConfig(backend="gloo"),
         run_config=RunConfig(name=f"elastic-{time.time_ns()}", storage_path=str(WORK / "ray_train"),
                              failure_config=FailureConfig(max_failures=kills + 2)))
-    thread = threading.Thread(target=trainer.fit, daemon=True)
-    thread.start()
-
     def steps_after(since: float, world: int | None = None) -> list[float]:
+        """Step times logged after `since` by workers of a group started after `since`."""
         if not log.exists():
             return []
         found = []
         for line in log.read_text().splitlines():
-            t, w, _ = line.split()
-            if float(t) > since and (world is None or int(w) == world):
+            t, w, _, started = line.split()
+            if float(started) > since and float(t) > since and (world is None or int(w) == world):
                 found.append(float(t))
         return found
 
+    def drive(out: dict) -> None:
+        try:
+            wait_until("2 workers stepping", lambda: len(steps_after(0, 2)) >= 32, timeout=300)
+            arrivals, failures = [], []
+            added = time.time()
+            cluster.add_node(num_cpus=1, resources={"learner_slot": 1})
+            first = min(wait_until("3 workers stepping", lambda: steps_after(added, 3), 300))
+            arrivals.append({"since_capacity_s": round(first - added, 3)})
+            for _ in range(kills):
+                workers = wait_until("live workers", lambda: [
+                    a for a in list_actors(filters=[("state", "=", "ALIVE")]) if "TrainWorker" in a.class_name])
+                killed = time.time()
+                os.kill(workers[0].pid, signal.SIGKILL)  # its workers are not named: kill the process
+                again = wait_until("stepping again", lambda: steps_after(killed), 300)  # noqa: B023
+                failures.append({"since_kill_s": round(min(again) - killed, 3)})
+                marks = steps_after(0)
+                wait_until("a few more steps", lambda: len(steps_after(0)) >= len(marks) + 16, 300)  # noqa: B023
+            out.update(arrivals=arrivals, failures=failures,
+                       failure_s=statistics.median(f["since_kill_s"] for f in failures),
+                       arrival_since_capacity_s=statistics.median(a["since_capacity_s"] for a in arrivals))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            out["error"] = repr(exc)
+        finally:
+            stop.write_text("stop")
+
+    out: dict = {}
+    driver = threading.Thread(target=drive, args=(out,), daemon=True)
+    driver.start()
     try:
-        wait_until("2 workers stepping", lambda: len(steps_after(0, 2)) >= 32, timeout=300)
-        arrivals, failures = [], []
-        added = time.time()
-        cluster.add_node(num_cpus=1, resources={"learner_slot": 1})
-        arrivals.append({"since_capacity_s": round(min(wait_until("3 workers stepping",
-                                                                  lambda: steps_after(added, 3), 300)) - added, 3)})
-        for _ in range(kills):
-            workers = wait_until("live workers", lambda: [a for a in list_actors(filters=[("state", "=", "ALIVE")])
-                                                         if "TrainWorker" in a.class_name])
-            killed = time.time()
-            os.kill(workers[0].pid, signal.SIGKILL)  # its workers are not named: kill the process
-            again = wait_until("stepping again", lambda: steps_after(killed), 300)  # noqa: B023
-            failures.append({"since_kill_s": round(min(again) - killed, 3)})
-            marks = steps_after(0)
-            wait_until("a few more steps", lambda: len(steps_after(0)) >= len(marks) + 16, 300)  # noqa: B023
-        return {"arrivals": arrivals, "failures": failures,
-                "failure_s": statistics.median(f["since_kill_s"] for f in failures),
-                "arrival_since_capacity_s": statistics.median(a["since_capacity_s"] for a in arrivals)}
+        trainer.fit()  # in the main thread, as Ray Train expects; returns once `stop` exists
     finally:
-        stop.write_text("stop")
-        thread.join(timeout=180)
+        driver.join(timeout=60)
         ray.shutdown()
         cluster.shutdown()
+    if "error" in out:
+        raise RuntimeError(f"Ray Train contender: {out['error']}")
+    return out
 
 
 def plot(result: dict, path: Path) -> None:

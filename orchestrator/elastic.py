@@ -19,8 +19,8 @@ chunks of steps:
 - `rebalance()`: with `group.balance`, allreduce shards and batches follow measured speeds;
   gossip puts the slowest learners at passive ring positions.
 
-Shards change only at epoch boundaries: the planner fixes an epoch's split the first time a
-learner asks for it, so every utterance is seen once in every epoch that starts after a change.
+Shards change only at epoch boundaries (`orchestrator/shards.py`), so every utterance is seen
+once in every epoch that starts after a change.
 """
 
 from __future__ import annotations
@@ -31,46 +31,11 @@ from typing import Any
 
 from orchestrator.groups import AllreduceMember, GossipMember, HierarchicalMember, SoloMember, ring_partners
 from orchestrator.placement import batch_shares, ring_by_speed
+from orchestrator.shards import ShardPlanner
 
 
 class CapacityTimeout(RuntimeError):
     """Fewer than `learners.min` learners could be placed within `learners.wait_timeout_s`."""
-
-
-class ShardPlanner:
-    """Which shard each learner trains on in each epoch.
-
-    The driver sets the members (ordered learner ids, optionally a weight each); an epoch's split
-    is fixed the first time any learner asks for that epoch, so learners that reach an epoch at
-    different times split it the same way. A learner not in an epoch's split (it joined later)
-    gets None for that epoch.
-    """
-
-    def __init__(self, members: list[int] = (), weights: list[float] | None = None,
-                 frozen: dict[int, tuple[list[int], list[float] | None]] | None = None):
-        self.members, self.weights = list(members), (list(weights) if weights else None)
-        self.frozen = dict(frozen or {})
-
-    def set_members(self, members: list[int], weights: list[float] | None = None) -> int:
-        """Members from the next epoch nobody has started; returns that epoch."""
-        self.members, self.weights = list(members), (list(weights) if weights else None)
-        return max(self.frozen, default=-1) + 1
-
-    def assignment(self, learner_id: int, epoch: int) -> tuple[int, int, list[float] | None] | None:
-        """(rank, world size, weights) of `learner_id` in `epoch`, or None if it has no shard then."""
-        if epoch not in self.frozen:
-            self.frozen[epoch] = (list(self.members), self.weights)
-        members, weights = self.frozen[epoch]
-        if learner_id not in members:
-            return None
-        return members.index(learner_id), len(members), weights
-
-    def state(self) -> dict:
-        return {"members": self.members, "weights": self.weights, "frozen": self.frozen}
-
-    def load(self, state: dict) -> None:
-        self.members, self.weights = list(state["members"]), state["weights"]
-        self.frozen = {int(k): (list(v[0]), v[1]) for k, v in state["frozen"].items()}
 
 
 @dataclass

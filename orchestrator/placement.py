@@ -15,6 +15,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from orchestrator.learner import LearnerActor, LearnerService
+from orchestrator.shards import ShardPlanner
 
 
 class PlacementTimeout(RuntimeError):
@@ -50,8 +51,6 @@ def start_learner(job_id: str, learner_id: int, pg, bundle: dict, workload_confi
 def place_learners(job_id: str, count: int, cpus_per_learner: float, workload_config: dict, seed: int,
                    timeout_s: float = 120.0):
     """A fixed set of `count` learners sharing one static shard plan (tests); returns (pgs, actors)."""
-    from orchestrator.elastic import ShardPlanner
-
     bundle = learner_bundle(cpus_per_learner, cluster_has_gpus())
     pgs = [request_slot(job_id, i, bundle) for i in range(count)]
     ready, _ = ray.wait([pg.ready() for pg in pgs], num_returns=count, timeout=timeout_s)

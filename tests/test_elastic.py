@@ -4,7 +4,7 @@ join and wait for capacity on real local Ray clusters."""
 import numpy as np
 
 from jobs.data import shard_batches
-from orchestrator.elastic import ShardPlanner
+from orchestrator.shards import ShardPlanner
 
 
 def _covered(planner: ShardPlanner, durations, epoch: int, learners: list[int]) -> list[int]:

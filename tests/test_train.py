@@ -73,8 +73,8 @@ def test_cli_rejects_a_bad_spec_before_training(corpus, tmp_path):
 
 
 def test_learner_gradients_share_one_buffer_and_its_state_is_a_snapshot(corpus):
-    from orchestrator.elastic import ShardPlanner
     from orchestrator.learner import Learner
+    from orchestrator.shards import ShardPlanner
 
     raw = _spec(corpus, max_batch_seconds=10, epochs=1).model_dump(mode="json",
                                                                    include={"data", "features", "model", "optim"})

@@ -1,0 +1,41 @@
+"""ShardPlanner: which shard of the training data each learner trains on in each epoch, while
+the job's membership changes. The driver sets the members; learners ask at every epoch start.
+"""
+
+from __future__ import annotations
+
+
+class ShardPlanner:
+    """Which shard each learner trains on in each epoch.
+
+    The driver sets the members (ordered learner ids, optionally a weight each); an epoch's split
+    is fixed the first time any learner asks for that epoch, so learners that reach an epoch at
+    different times split it the same way. A learner not in an epoch's split (it joined later)
+    gets None for that epoch.
+    """
+
+    def __init__(self, members: list[int] = (), weights: list[float] | None = None,
+                 frozen: dict[int, tuple[list[int], list[float] | None]] | None = None):
+        self.members, self.weights = list(members), (list(weights) if weights else None)
+        self.frozen = dict(frozen or {})
+
+    def set_members(self, members: list[int], weights: list[float] | None = None) -> int:
+        """Members from the next epoch nobody has started; returns that epoch."""
+        self.members, self.weights = list(members), (list(weights) if weights else None)
+        return max(self.frozen, default=-1) + 1
+
+    def assignment(self, learner_id: int, epoch: int) -> tuple[int, int, list[float] | None] | None:
+        """(rank, world size, weights) of `learner_id` in `epoch`, or None if it has no shard then."""
+        if epoch not in self.frozen:
+            self.frozen[epoch] = (list(self.members), self.weights)
+        members, weights = self.frozen[epoch]
+        if learner_id not in members:
+            return None
+        return members.index(learner_id), len(members), weights
+
+    def state(self) -> dict:
+        return {"members": self.members, "weights": self.weights, "frozen": self.frozen}
+
+    def load(self, state: dict) -> None:
+        self.members, self.weights = list(state["members"]), state["weights"]
+        self.frozen = {int(k): (list(v[0]), v[1]) for k, v in state["frozen"].items()}
