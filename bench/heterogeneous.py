@@ -238,7 +238,7 @@ def plot(result: dict, path: Path) -> None:
         ax.hlines(target, x - 0.4, x + 0.4, color="red", ls="--", lw=1)
     ax.set_xticks(range(len(names)), ["Chorus gossip", "Chorus allreduce\nbalanced", "Chorus allreduce\nequal",
                                       "Ray Train DDP\nequal"])
-    ax.set_ylim(0, 1.3)
+    ax.set_ylim(0, max(1.3, max(fractions) + 0.3))
     ax.set_ylabel("aggregate samples/s / ideal")
     strict = [result["contenders"][n]["fraction_of_ideal_strict"] for n in names]
     ax.scatter(range(len(names)), strict, color="black", marker="_", s=300, zorder=3,
