@@ -97,6 +97,7 @@ class Membership:
         self.hosted: dict[str, list[int]] = {}  # node id -> learners that ran there
         self.next_id = 0
         self.started = False
+        self.changes: list[tuple[str, int, float]] = []  # (join | failure, learner, time) since the driver looked
         self.planner = None
         self.bundle: dict = {}
 
@@ -148,6 +149,7 @@ class Membership:
             self._start_placed()
             self._answered(timeout=0)
         self.started = True
+        self.changes.clear()  # the first members are no change
         return [self.live[i] for i in sorted(self.live)]
 
     def _ask(self, ids: list[int] = ()) -> None:
@@ -228,6 +230,7 @@ class Membership:
             slot = LearnerSlot(arrival.id, arrival.handle, arrival.pg, node, stats=hello)
             self.live[slot.id] = slot
             joined.append(slot)
+            self.changes.append(("join", slot.id, time.time()))
             self.events.emit("join", f"learner {slot.id} joined on node {node[:8]} "
                              f"({len(self.live)} learner{'s' if len(self.live) > 1 else ''})",
                              learner=slot.id, node=node, learners=len(self.live), ready_at=round(ready_at, 3),
@@ -301,6 +304,7 @@ class Membership:
         if slot is None:
             return
         reason = _reason(error)
+        self.changes.append(("failure", learner_id, time.time()))
         self.events.emit("failure", f"learner {learner_id} on node {(slot.node or '?')[:8]} died: {reason}",
                          learner=learner_id, node=slot.node, error=reason)
         self.retired_samples += slot.stats.get("samples", 0)
@@ -311,6 +315,11 @@ class Membership:
                          learner=learner_id, learners=len(self.live))
         self.metrics.learners(len(self.live))
         self._ask()
+
+    def take_changes(self) -> list[tuple[str, int, float]]:
+        """The joins and failures since the last call (wherever they were noticed)."""
+        changes, self.changes = self.changes, []
+        return changes
 
     def slots(self) -> list[LearnerSlot]:
         return [self.live[i] for i in self.order if i in self.live] + \

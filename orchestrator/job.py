@@ -108,6 +108,7 @@ class TrainingJob:
                 m.wait_for_min()
             if not m.form_group():
                 break
+        self._note_changes()
         self.metrics.learners(len(m.live))
 
     def _train(self, wall_before: float) -> dict:
@@ -144,24 +145,17 @@ class TrainingJob:
             ref = slot.handle.run.remote(steps, None if lockstep else deadline, b.epochs, progress())
             pending[ref] = slot.id
 
-        def changed(learner_id: int, cause: str) -> None:
-            """Membership changed: gossip swaps its ring in at once; the collectives re-form."""
-            nonlocal reform
-            self._recovery_opened(cause, learner_id)
-            if m.kind == "gossip":
-                m.form_group()
-                self._recovery_regrouped()
-            else:
-                reform = True
-
         while True:
-            for slot in m.poll():
-                changed(slot.id, "join")
+            m.poll()
             if m.below_min():
                 self._drain(pending)
-                for slot in m.wait_for_min():
-                    self._recovery_opened("join", slot.id)
-                reform = True
+                m.wait_for_min()
+            if self._note_changes():  # gossip swaps its ring in at once; the collectives re-form
+                if m.kind == "gossip":
+                    m.form_group()
+                    self._recovery_regrouped()
+                else:
+                    reform = True
             if reform and not pending:
                 self._form_group()
                 self._recovery_regrouped()
@@ -192,8 +186,7 @@ class TrainingJob:
                     reform = True
             for learner_id, error in failed:
                 m.drop(learner_id, error)
-                changed(learner_id, "failure")
-            if not m.live or reform:
+            if not m.live or reform or m.changes:
                 continue
             epoch_now = min(self._epochs())
             if epoch_now > last_epoch:  # at every epoch boundary: adapt to the speeds measured
@@ -238,12 +231,16 @@ class TrainingJob:
             self._observe(learner_id, stats)
         for learner_id, error in failed:
             self.membership.drop(learner_id, error)
-            self._recovery_opened("failure", learner_id)
 
     # -- recovery times (what bench/elastic.py reports) ------------------------------------------
-    def _recovery_opened(self, cause: str, learner_id: int) -> None:
-        self.recoveries.append({"cause": cause, "learner": learner_id, "at": round(time.time(), 3),
-                                "regrouped_at": None, "stepping_at": None})
+    def _note_changes(self) -> bool:
+        """Open a recovery for every join and failure the membership saw (in a round, an
+        evaluation or while re-forming); returns whether there were any."""
+        changes = self.membership.take_changes()
+        for cause, learner_id, at in changes:
+            self.recoveries.append({"cause": cause, "learner": learner_id, "at": round(at, 3),
+                                    "regrouped_at": None, "stepping_at": None})
+        return bool(changes)
 
     def _recovery_regrouped(self) -> None:
         now = round(time.time(), 3)

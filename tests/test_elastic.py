@@ -161,6 +161,9 @@ def test_chaos_kill_a_learner_lose_a_node_gain_a_node(chaos_cluster, corpus, tmp
     assert summary["final_train_loss"] < summary["first_train_loss"]
     # the replacement and the newcomer took the group's weights: they started from its step count
     assert all(r["stepping_at"] for r in summary["recoveries"]), summary["recoveries"]
+    first_kill = kinds.index("failure")  # every join before it was one of the first members
+    changes = [(e["kind"], e["learner"]) for e in logged[first_kill:] if e["kind"] in ("join", "failure")]
+    assert sorted((r["cause"], r["learner"]) for r in summary["recoveries"]) == sorted(changes), summary["recoveries"]
     job_id = summary["job_id"]
     assert not [a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith(f"{job_id}/")]
     groups = [g for g in placement_group_table().values() if g["name"].startswith(f"{job_id}/")]
