@@ -283,6 +283,10 @@ class Membership:
         self._start_placed()
         return self._answered(timeout)
 
+    def watched(self) -> list:
+        """Refs whose readiness `poll` acts on: placed slots and newcomers' answers."""
+        return [ref for _, ref in self.pending.values()] + list(self.arriving)
+
     def below_min(self) -> bool:
         return len(self.live) < self.spec.learners.min
 

@@ -176,7 +176,7 @@ class TrainingJob:
                     if reform:
                         continue
                     break
-                results, failed = _wait_any(pending, timeout=1.0)
+                results, failed = _wait_any(pending, timeout=1.0, wake=m.watched())
             for learner_id, stats in results:
                 loss = self._observe(learner_id, stats)
                 if loss is not None:
@@ -451,9 +451,10 @@ def _gone(exc: Exception) -> bool:
     return isinstance(exc, gone)  # ObjectLostError: a result that lived on a node that died
 
 
-def _wait_any(pending: dict, timeout: float) -> tuple[list[tuple[int, dict]], list[tuple[int, Exception]]]:
-    """The results that are ready within `timeout` (at least one, unless it passes)."""
+def _wait_any(pending: dict, timeout: float, wake: list) -> tuple[list[tuple[int, dict]], list[tuple[int, Exception]]]:
+    """The results that are ready within `timeout` (at least one, unless it passes or one of
+    `wake` — e.g. a newcomer's answer — is ready first)."""
     import ray
 
-    ready, _ = ray.wait(list(pending), num_returns=1, timeout=timeout)
-    return _gather({ref: pending.pop(ref) for ref in ready})
+    ready, _ = ray.wait(list(pending) + wake, num_returns=1, timeout=timeout)
+    return _gather({ref: pending.pop(ref) for ref in ready if ref in pending})
