@@ -190,15 +190,20 @@ def shard_batches(durations: list[float] | np.ndarray, max_batch_seconds: float,
 
     Over all ranks of one epoch every utterance appears exactly once. Utterances are sorted by
     duration and dealt to ranks in random order, group by group, so each shard has the same mix
-    of lengths and sizes differ by at most one utterance; each shard is then cut into batches of
-    similar durations whose padded size (utterances x longest) stays within `max_batch_seconds`
-    (an utterance longer than the budget gets a batch of its own). The result depends only on
-    (seed, epoch, rank, world_size, weights), so the world size may change between epochs.
+    of lengths and sizes differ by at most one utterance. The sorted utterances are then cut into
+    steps: consecutive runs in which every rank's part — one batch of similar durations — has a
+    padded size (utterances x longest) within `max_batch_seconds` (an utterance longer than the
+    budget gets a batch of its own). Every rank has the same steps in the same (shuffled) order,
+    so at each step all ranks work on utterances of about the same length and a synchronous
+    group's members finish their batches together. The result depends only on (seed, epoch,
+    rank, world_size, weights), so the world size may change between epochs.
 
     `weights` (one per rank, e.g. measured speeds) make shards unequal: rank r gets a share
     weights[r] / sum(weights) of every length group and a batch budget of `max_batch_seconds` x
-    world_size x that share, so all ranks have about as many batches and the summed batch over
-    ranks stays what equal shards would give.
+    world_size x that share, so the summed batch over ranks stays what equal shares would give;
+    a rank of weight 0 gets no utterances. The ranks with at least half the largest budget set
+    the steps; a smaller one's batch may go over its budget by an utterance, and a rank whose
+    part of a step is empty skips it (such steps come last).
     """
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is outside world size {world_size}")
@@ -211,29 +216,40 @@ def shard_batches(durations: list[float] | np.ndarray, max_batch_seconds: float,
         for start in range(0, len(order), world_size):
             group = order[start:start + world_size]
             owner[group] = rng.permutation(world_size)[: len(group)]
+        budgets = np.full(world_size, float(max_batch_seconds))
     else:
         share = _shares(weights, world_size)
         owner = _deal_by_share(order, share, rng)
-        max_batch_seconds = max_batch_seconds * world_size * float(share[rank])
-    mine = order[owner[order] == rank]
-    batches, current, longest = [], [], 0.0
-    for i in mine:
-        d = durations[i]
-        if current and (len(current) + 1) * max(longest, d) > max_batch_seconds:
-            batches.append(current)
-            current, longest = [], 0.0
-        current.append(int(i))
-        longest = max(longest, d)
-    if current:
-        batches.append(current)
-    rank_rng = np.random.default_rng([seed, epoch, world_size, rank])
-    return [batches[j] for j in rank_rng.permutation(len(batches))]
+        budgets = max_batch_seconds * world_size * share
+    # the ranks with the larger budgets set the steps; one under half the largest budget may go
+    # over its own by an utterance (its boundaries are coarse: it would cut every step short)
+    pacing = budgets >= budgets.max() / 2
+    steps, complete = [], []  # rank `rank`'s part of each step; whether every rank with a share has one
+    parts, longest = [[] for _ in range(world_size)], np.zeros(world_size)
+
+    def close_step():
+        steps.append(parts[rank])
+        complete.append(all(parts[r] for r in range(world_size) if budgets[r] > 0))
+
+    for i in order:
+        r, d = owner[i], durations[i]
+        if parts[r] and pacing[r] and (len(parts[r]) + 1) * max(longest[r], d) > budgets[r]:
+            close_step()  # some rank's batch is full: the step ends for every rank
+            parts, longest = [[] for _ in range(world_size)], np.zeros(world_size)
+        parts[r].append(int(i))
+        longest[r] = max(longest[r], d)
+    if any(parts):
+        close_step()
+    shuffled = np.random.default_rng([seed, epoch, world_size]).permutation(len(steps))  # the same on every rank
+    # steps that some rank has no part of go last, so skipping them shifts no rank out of step
+    ordered = [j for j in shuffled if complete[j]] + [j for j in shuffled if not complete[j]]
+    return [steps[j] for j in ordered if steps[j]]
 
 
 def _shares(weights: list[float], world_size: int) -> np.ndarray:
     w = np.asarray(weights, dtype=np.float64)
-    if len(w) != world_size or not np.all(w > 0):
-        raise ValueError(f"weights must be {world_size} positive numbers, got {list(weights)}")
+    if len(w) != world_size or not np.all(w >= 0) or not w.sum() > 0:
+        raise ValueError(f"weights must be {world_size} numbers >= 0, not all 0, got {list(weights)}")
     return w / w.sum()
 
 
@@ -242,6 +258,7 @@ def _deal_by_share(order: np.ndarray, share: np.ndarray, rng: np.random.Generato
     gives rank r about share[r] of it (stride scheduling; ties broken at random)."""
     owner = np.empty(len(order), dtype=np.int64)
     credit = rng.uniform(0, 1e-6, size=len(share))
+    credit[share == 0] = -np.inf  # a rank with share 0 gets nothing
     for i in order:
         credit += share
         r = int(np.argmax(credit))

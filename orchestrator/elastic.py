@@ -48,6 +48,7 @@ class LearnerSlot:
     node: str | None = None
     stats: dict = field(default_factory=dict)
     speed: float | None = None  # utterances per second of its own compute, a rolling mean
+    step_compute_s: float | None = None  # seconds of its own compute per step, a rolling mean
     in_group: bool = False
 
     def observe(self, stats: dict) -> None:
@@ -56,6 +57,9 @@ class LearnerSlot:
         if stats["chunk_samples"] > 0 and compute > 0:
             now = stats["chunk_samples"] / compute
             self.speed = now if self.speed is None else 0.7 * self.speed + 0.3 * now
+            per_step = compute / len(stats["step_seconds"])
+            self.step_compute_s = per_step if self.step_compute_s is None else \
+                0.7 * self.step_compute_s + 0.3 * per_step
 
 
 @dataclass
@@ -379,7 +383,10 @@ class Membership:
         speeds = [self.live[i].speed for i in self.order]
         if any(s is None for s in speeds):
             return None
-        return batch_shares(speeds)
+        planned_ids, planned = getattr(self, "_planned", (None, None))
+        if planned is None or planned_ids != self.order:  # planned afresh: by speed alone
+            return batch_shares(speeds)
+        return batch_shares(speeds, planned, [self.live[i].step_compute_s or 0.0 for i in self.order])
 
     def _ring_order(self) -> list[int]:
         """Gossip ring: by measured speed (`placement.ring_by_speed`) with `group.balance` once
@@ -398,14 +405,18 @@ class Membership:
         if self.kind == "allreduce":
             weights = self._weights()
             old = getattr(self, "_planned", (None, None))[1]
-            if weights is None or (old is not None and max(
-                    abs(a - b) / b for a, b in zip(weights, old, strict=True)) <= REBALANCE_CHANGE):
+            if weights is None or (old is not None and len(old) == len(weights) and all(
+                    abs(a - b) <= REBALANCE_CHANGE * max(a, b) for a, b in zip(weights, old, strict=True))):
                 return False
             self.planner_members()
+            out = [i for i, w in zip(self.order, weights, strict=True) if w == 0]
             self.events.emit("rebalance", "shard and batch shares by measured speed: " + ", ".join(
-                f"learner {i} {w:.2f}" for i, w in zip(self.order, weights, strict=True)),
+                f"learner {i} {w:.2f}" for i, w in zip(self.order, weights, strict=True)) + "".join(
+                f"; learner {i} sits out (its {self.live[i].step_compute_s:.2f} s per step at a small share "
+                "outlast the others' steps; it keeps its replica in step)" for i in out),
                 weights={str(i): w for i, w in zip(self.order, weights, strict=True)},
-                speeds={str(i): round(self.live[i].speed, 2) for i in self.order})
+                speeds={str(i): round(self.live[i].speed, 2) for i in self.order},
+                step_compute_s={str(i): round(self.live[i].step_compute_s or 0.0, 4) for i in self.order})
             return True
         if self.kind == "gossip":
             speeds = {i: self.live[i].speed for i in self.order}

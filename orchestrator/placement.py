@@ -64,18 +64,44 @@ def place_learners(job_id: str, count: int, cpus_per_learner: float, workload_co
     return pgs, actors
 
 
-def batch_shares(speeds: list[float]) -> list[float]:
+SIT_OUT_SHARE = 0.5  # x an equal share: below it, a learner that still straggles sits out
+STRAGGLING = 1.1  # ... "straggles": its compute per step exceeds the others' slowest by this factor
+
+
+def batch_shares(speeds: list[float], current: list[float] | None = None,
+                 step_compute_s: list[float] | None = None) -> list[float]:
     """Each learner's share of an allreduce step's global batch (and of the epoch's data):
     proportional to its measured speed, so fast and slow learners finish a step together.
+
+    Proportional shares assume a step's cost grows with its batch. A step also has a fixed cost
+    (kernel launches, the recurrent layers' time steps, the optimizer), and a learner slow at
+    that too may straggle however small its batch. So, given the `current` shares and each
+    learner's mean compute seconds per step at them: a learner whose share is already under
+    half an equal one and whose steps still take more than 1.1x the slowest of the others gets
+    share 0 — it sits out, keeping its replica in step (it takes part in every all-reduce
+    without a batch) — and one sitting out stays out until the shares are planned afresh (the
+    membership changes). At least one learner always keeps a share.
 
     Example:
         >>> batch_shares([60.0, 60.0, 60.0, 20.0])
         [0.3, 0.3, 0.3, 0.1]
+        >>> batch_shares([60.0, 60.0, 60.0, 9.0], current=[0.3, 0.3, 0.3, 0.1],
+        ...              step_compute_s=[0.17, 0.18, 0.17, 0.27])
+        [0.3333, 0.3333, 0.3333, 0.0]
     """
     if not speeds or any(s <= 0 for s in speeds):
         raise ValueError(f"speeds must be positive, got {speeds}")
-    total = sum(speeds)
-    return [round(s / total, 4) for s in speeds]
+    out = [float(s) for s in speeds]
+    if current is not None and step_compute_s is not None:
+        n = len(speeds)
+        for i in range(n):
+            others = [step_compute_s[j] for j in range(n) if j != i and current[j] > 0]
+            sits_out = current[i] == 0 or (current[i] < SIT_OUT_SHARE / n and others
+                                           and step_compute_s[i] > STRAGGLING * max(others))
+            if sits_out and sum(1 for v in out if v > 0) > 1:
+                out[i] = 0.0
+    total = sum(out)
+    return [round(s / total, 4) for s in out]
 
 
 def ring_by_speed(speeds: dict[int, float]) -> list[int]:

@@ -207,6 +207,14 @@ def test_balance_helpers():
     assert batch_shares([30.0, 10.0]) == [0.75, 0.25]
     with pytest.raises(ValueError, match="positive"):
         batch_shares([1.0, 0.0])
+    # a learner already under half an equal share that still straggles sits out, and stays out
+    steps = [0.17, 0.18, 0.17, 0.27]
+    assert batch_shares([60.0, 60.0, 60.0, 9.0], [0.3, 0.3, 0.3, 0.1], steps) == [0.3333, 0.3333, 0.3333, 0.0]
+    assert batch_shares([60.0, 60.0, 60.0, 9.0], [0.33, 0.33, 0.34, 0.0], [0.17, 0.18, 0.17, 0.0])[3] == 0.0
+    # at an equal share, or once it keeps up, a slow learner keeps a share proportional to its speed
+    assert batch_shares([60.0, 60.0, 60.0, 20.0], [0.25] * 4, steps) == [0.3, 0.3, 0.3, 0.1]
+    assert batch_shares([60.0, 60.0, 60.0, 9.0], [0.3, 0.3, 0.3, 0.1], [0.17, 0.18, 0.17, 0.19])[3] > 0
+    assert batch_shares([50.0, 9.0], [0.0, 0.1], [0.0, 0.3]) == [0.0, 1.0]  # never everyone out
     # 5 learners: the 3 fastest active (even positions), the 2 slowest passive (odd positions)
     ring = ring_by_speed({7: 10.0, 3: 50.0, 4: 45.0, 9: 60.0, 1: 20.0})
     assert ring[0::2] == [9, 3, 4] and ring[1::2] == [1, 7]
