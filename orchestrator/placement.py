@@ -65,6 +65,7 @@ def place_learners(job_id: str, count: int, cpus_per_learner: float, workload_co
 
 
 SIT_OUT_SHARE = 0.5  # x an equal share: below it, a learner that still straggles sits out
+NEAR_PROPORTIONAL = 1.25  # ... or under it by speed, and its share now at most this x that
 STRAGGLING = 1.1  # ... "straggles": its compute per step exceeds the others' slowest by this factor
 
 
@@ -76,11 +77,12 @@ def batch_shares(speeds: list[float], current: list[float] | None = None,
     Proportional shares assume a step's cost grows with its batch. A step also has a fixed cost
     (kernel launches, the recurrent layers' time steps, the optimizer), and a learner slow at
     that too may straggle however small its batch. So, given the `current` shares and each
-    learner's mean compute seconds per step at them: a learner whose share is already under
-    half an equal one and whose steps still take more than 1.1x the slowest of the others gets
-    share 0 — it sits out, keeping its replica in step (it takes part in every all-reduce
-    without a batch) — and one sitting out stays out until the shares are planned afresh (the
-    membership changes). At least one learner always keeps a share.
+    learner's mean compute seconds per step at them, a learner whose steps take more than 1.1x
+    the slowest of the others' gets share 0 when it has had a small share already: its current
+    share is under half an equal one, or its proportional share is and it has about that
+    (within 25%) now. It sits out, keeping its replica in step (it takes part in every
+    all-reduce without a batch), until the shares are planned afresh (the membership changes).
+    At least one learner always keeps a share.
 
     Example:
         >>> batch_shares([60.0, 60.0, 60.0, 20.0])
@@ -88,16 +90,21 @@ def batch_shares(speeds: list[float], current: list[float] | None = None,
         >>> batch_shares([60.0, 60.0, 60.0, 9.0], current=[0.3, 0.3, 0.3, 0.1],
         ...              step_compute_s=[0.17, 0.18, 0.17, 0.27])
         [0.3333, 0.3333, 0.3333, 0.0]
+        >>> batch_shares([53.0, 51.0, 50.0, 19.0], current=[0.28, 0.3, 0.29, 0.13],
+        ...              step_compute_s=[0.2, 0.21, 0.21, 0.48])
+        [0.3442, 0.3312, 0.3247, 0.0]
     """
     if not speeds or any(s <= 0 for s in speeds):
         raise ValueError(f"speeds must be positive, got {speeds}")
     out = [float(s) for s in speeds]
     if current is not None and step_compute_s is not None:
-        n = len(speeds)
+        n, small = len(speeds), SIT_OUT_SHARE / len(speeds)
+        proportional = [s / sum(out) for s in out]
         for i in range(n):
             others = [step_compute_s[j] for j in range(n) if j != i and current[j] > 0]
-            sits_out = current[i] == 0 or (current[i] < SIT_OUT_SHARE / n and others
-                                           and step_compute_s[i] > STRAGGLING * max(others))
+            had_small = current[i] < small or (proportional[i] < small
+                                               and current[i] <= NEAR_PROPORTIONAL * proportional[i])
+            sits_out = current[i] == 0 or (had_small and others and step_compute_s[i] > STRAGGLING * max(others))
             if sits_out and sum(1 for v in out if v > 0) > 1:
                 out[i] = 0.0
     total = sum(out)

@@ -211,6 +211,10 @@ def test_balance_helpers():
     steps = [0.17, 0.18, 0.17, 0.27]
     assert batch_shares([60.0, 60.0, 60.0, 9.0], [0.3, 0.3, 0.3, 0.1], steps) == [0.3333, 0.3333, 0.3333, 0.0]
     assert batch_shares([60.0, 60.0, 60.0, 9.0], [0.33, 0.33, 0.34, 0.0], [0.17, 0.18, 0.17, 0.0])[3] == 0.0
+    # ... as does one whose speed gives it under half an equal share and that has about that share
+    near = [0.2, 0.21, 0.21, 0.48]
+    assert batch_shares([53.0, 51.0, 50.0, 19.0], [0.28, 0.3, 0.29, 0.13], near)[3] == 0.0
+    assert batch_shares([53.0, 51.0, 50.0, 19.0], [0.22, 0.22, 0.22, 0.34], near)[3] > 0  # not tried yet
     # at an equal share, or once it keeps up, a slow learner keeps a share proportional to its speed
     assert batch_shares([60.0, 60.0, 60.0, 20.0], [0.25] * 4, steps) == [0.3, 0.3, 0.3, 0.1]
     assert batch_shares([60.0, 60.0, 60.0, 9.0], [0.3, 0.3, 0.3, 0.1], [0.17, 0.18, 0.17, 0.19])[3] > 0
