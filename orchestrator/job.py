@@ -123,7 +123,7 @@ class TrainingJob:
         last_epoch = min(self._epochs())
         next_eval_epoch = (last_epoch // b.eval_every_epochs + 1) * b.eval_every_epochs
         last_eval = time.time()
-        losses: list[float] = []
+        losses: list[tuple[float, int]] = []  # (a chunk's mean loss, its steps) since the last evaluation
         pending: dict = {}  # run ref -> learner id
 
         def progress() -> float:
@@ -180,7 +180,7 @@ class TrainingJob:
             for learner_id, stats in results:
                 loss = self._observe(learner_id, stats)
                 if loss is not None:
-                    losses.append(loss)
+                    losses.append((loss, len(stats["step_seconds"])))
                     first_loss = loss if first_loss is None else first_loss
                 if stats.get("broken"):
                     reform = True
@@ -195,13 +195,13 @@ class TrainingJob:
             due = epoch_now >= next_eval_epoch or (
                 b.eval_every_seconds is not None and time.time() - last_eval >= b.eval_every_seconds)
             if due and losses:
-                self._evaluate(sum(losses) / len(losses), start)
+                self._evaluate(_mean_loss(losses), start)
                 losses, last_eval = [], time.time()
                 next_eval_epoch = (epoch_now // b.eval_every_epochs + 1) * b.eval_every_epochs
         self._drain(pending)
         train_wall = time.time() - start
         if losses or not self.evals:
-            self._evaluate(sum(losses) / len(losses) if losses else float("nan"), start)
+            self._evaluate(_mean_loss(losses) if losses else float("nan"), start)
         summary = self._summarize(train_wall, time.time() - start, first_loss)
         (self.out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         return summary
@@ -389,6 +389,12 @@ class TrainingJob:
             "skipped_utterances": dict(self.workload.train.skipped.counts) if self.evals else {},
             "checkpoint": str(self.out_dir / "checkpoint.pt"),
         }
+
+
+def _mean_loss(losses: list[tuple[float, int]]) -> float:
+    """The mean step loss of chunks of different lengths (an epoch's 1-step tail weighs 1 step)."""
+    steps = sum(n for _, n in losses)
+    return sum(loss * n for loss, n in losses) / steps if steps else sum(loss for loss, _ in losses) / len(losses)
 
 
 def _gather(pending: dict) -> tuple[list[tuple[int, dict]], list[tuple[int, Exception]]]:

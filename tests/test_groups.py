@@ -274,7 +274,11 @@ def test_hierarchical_two_nodes_by_two_learners(ray_cluster, corpus, tmp_path):
     # the four models converge together: far closer to each other than they moved from the start
     spread = max(float((w - mean).norm()) for w in weights)
     assert spread < 0.2 * moved, (spread, moved)
-    assert records[-1]["train_loss"] < records[0]["train_loss"]
+    # it learns: the averaged model's dev loss falls well below the untrained model's (97 -> 63;
+    # at ~9 steps per learner and epoch the train loss is on CTC's plateau, 67-81 from epoch 1 on)
+    untrained = AsrWorkload(spec, seed=spec.seed)
+    untrained_loss = untrained.evaluate(untrained.build_model(), corpus / "dev.jsonl")["loss"]
+    assert records[-1]["dev_loss"] < 0.9 * untrained_loss, (records[-1]["dev_loss"], untrained_loss)
     assert summary["learners"] == 4 and summary["group"] == "hierarchical"
     leader_counters = [s["counters"]["averages"] for s in state["learners"]]
     assert sum(1 for c in leader_counters if c > 0) >= 2  # both leaders mixed
