@@ -24,10 +24,13 @@ Each contender's aggregate samples/s is its steady rate over the same wall budge
 epoch), so start-up is left out, to the end of the budget (the samples trained by then
 interpolated between the chunk reports around it); it is reported as a fraction of each ideal.
 
-WER: gossip and balanced allreduce train `tiny.yaml`'s own budget (40 epochs, its learning-rate
-schedule over them) with the slowed learner, and their test WER is that of the finished job; the
-rate is taken over the first wall budget of that same run. Equal allreduce and Ray Train stop at
-the wall budget (their schedule then spans the budget); their WER is not a target.
+WER: gossip and balanced allreduce train `tiny.yaml`'s 40 epochs (its learning-rate schedule
+over them) with the slowed learner, and their test WER is that of the finished job; the rate is
+taken over the first wall budget of that same run. tiny.yaml's own 345 s wall limit is lifted for
+these two: it is sized for one learner with both cores, while here four learners share them and
+one is slowed, so within 345 s allreduce trains only ~18-22 of the 40 epochs (6.18% and 3.71% on
+test in two runs), which says more about this machine than about the group. Equal allreduce and
+Ray Train stop at the wall budget (their schedule then spans it); their WER is not a target.
 
 Batches (padded seconds of audio, `max_batch_seconds`): every optimizer step of the allreduce
 contenders (Chorus and Ray Train) averages 4 x 10 s = 40 s, tiny.yaml's own batch at its own lr
@@ -80,9 +83,11 @@ BATCH_SECONDS = {"gossip": 20, "allreduce": 10}
 
 
 def job_spec(corpus: Path, kind: str, balance: bool, wall_seconds: float | None, name: str):
-    """tiny.yaml for 4 learners, learner 3 slowed; `wall_seconds=None` keeps its 40 epochs."""
+    """tiny.yaml for 4 learners, learner 3 slowed, trained for `wall_seconds`, or for tiny.yaml's
+    40 epochs when it is None (its own 345 s wall limit lifted: module docstring)."""
     budget = ["budget.eval_every_epochs=5"] + (
-        [f"budget.wall_seconds={wall_seconds}", "budget.epochs=null"] if wall_seconds is not None else [])
+        [f"budget.wall_seconds={wall_seconds}", "budget.epochs=null"] if wall_seconds is not None
+        else ["budget.wall_seconds=null"])
     return load_spec(ROOT / "jobs" / "configs" / "tiny.yaml", [
         f"data.train={corpus}/train.jsonl", f"data.dev={corpus}/dev.jsonl", f"data.test={corpus}/test.jsonl",
         f"data.test_unseen={corpus}/test-unseen.jsonl", f"data.max_batch_seconds={BATCH_SECONDS[kind]}", *budget,
