@@ -1,4 +1,5 @@
-"""The `chorus` command: `synth` a corpus, `train` a job spec, `eval` a checkpoint."""
+"""The `chorus` command: `synth` a corpus, `train` a job spec, `sweep` a sweep spec, `eval` a
+checkpoint."""
 
 from __future__ import annotations
 
@@ -20,6 +21,14 @@ def _fail_on_spec_error(fn):
             raise click.ClickException(f"invalid spec\n{exc}") from None
     wrapper.__name__, wrapper.__doc__ = fn.__name__, fn.__doc__
     return wrapper
+
+
+def _out_and_address(fn):
+    """The --out and --address options of `train` and `sweep`."""
+    fn = click.option("--address", default=None, help="An existing Ray cluster (e.g. auto or HOST:6379) "
+                      "[default: start one in this process].")(fn)
+    return click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+                        help="Output folder [default: runs/<name in the spec>].")(fn)
 
 
 @click.group()
@@ -54,10 +63,7 @@ def format_eval(record: dict) -> str:
 @main.command()
 @click.argument("spec_path", metavar="SPEC", type=click.Path(path_type=Path))
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a spec key, e.g. optim.lr=1e-3.")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Output folder [default: runs/<spec name>].")
-@click.option("--address", default=None,
-              help="An existing Ray cluster (e.g. auto or HOST:6379) [default: start one in this process].")
+@_out_and_address
 @click.option("--resume", is_flag=True, help="Continue from OUT/checkpoint.pt.")
 @_fail_on_spec_error
 def train(spec_path, overrides, out, address, resume):
@@ -89,6 +95,36 @@ def train(spec_path, overrides, out, address, resume):
         where = (f"the last checkpoint is {checkpoint} (epoch {last['epoch']:g}, step {last['step']}); "
                  "run the same command with --resume to continue" if last else "no checkpoint was written yet")
         click.echo(f"chorus: interrupted, learners released; {where}", err=True)
+        sys.exit(130)
+    click.echo(json.dumps(summary))
+
+
+@main.command()
+@click.argument("sweep_path", metavar="SWEEP", type=click.Path(path_type=Path))
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Override a sweep key, e.g. trials=12, space.optim.lr.high=0.02 or job.data.train=PATH.")
+@_out_and_address
+@click.option("--resume", is_flag=True, help="Continue the interrupted sweep in OUT (Tune's experiment restore).")
+@_fail_on_spec_error
+def sweep(sweep_path, overrides, out, address, resume):
+    """Run the sweep SWEEP (YAML), every trial a distributed job; prints Tune's trial table while it
+    runs and OUT/sweep_summary.json last."""
+    import ray
+
+    from search import SweepError, load_sweep, run_sweep
+
+    spec = load_sweep(sweep_path, list(overrides))
+    out = out or Path("runs") / spec.name
+    ray.init(address=address, log_to_driver=False)
+    click.echo(f"chorus: sweep {spec.name} ({spec.method}, {spec.trials} trials of {spec.learners} learner"
+               f"{'s' if spec.learners > 1 else ''}, up to {spec.budget.max} {spec.budget.unit}) -> {out}")
+    try:
+        summary = run_sweep(spec, out, resume=resume)
+    except SweepError as exc:
+        raise click.ClickException(str(exc)) from None
+    except KeyboardInterrupt:
+        click.echo(f"chorus: sweep interrupted; run the same command with --resume to continue it from {out}",
+                   err=True)
         sys.exit(130)
     click.echo(json.dumps(summary))
 

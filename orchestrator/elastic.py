@@ -84,10 +84,12 @@ class Membership:
     use_ray: learners are Ray actors (False: one learner in this process, nothing elastic).
     fallback_state: called for a state to start a newcomer from when no learner is alive
         (the job's last checkpointed state).
+    pool: a `placement.BundlePool` to place learners in (a Tune trial's bundles) instead of
+        asking Ray for a placement group per learner; its bundle is each learner's reservation.
     """
 
     def __init__(self, job_id: str, spec, workload_config: dict, events, metrics, use_ray: bool,
-                 fallback_state=None):
+                 fallback_state=None, pool=None):
         self.job_id, self.spec, self.workload_config = job_id, spec, workload_config
         self.events, self.metrics, self.use_ray = events, metrics, use_ray
         self.kind = spec.group.kind
@@ -104,6 +106,7 @@ class Membership:
         self.changes: list[tuple[str, int, float]] = []  # (join | failure, learner, time) since the driver looked
         self.planner = None
         self.bundle: dict = {}
+        self.pool = pool
 
     # -- capacity -------------------------------------------------------------------------------
     @property
@@ -133,7 +136,8 @@ class Membership:
         from orchestrator.placement import cluster_has_gpus, learner_bundle
 
         spec = self.spec
-        self.bundle = learner_bundle(spec.cpus_per_learner or 1.0, cluster_has_gpus(), spec.learner_resources)
+        self.bundle = self.pool.bundle if self.pool is not None else learner_bundle(
+            spec.cpus_per_learner or 1.0, cluster_has_gpus(), spec.learner_resources)
         # the planner lives on the driver's node, so losing any other node never loses it
         self.planner = ray.remote(ShardPlanner).options(
             name=f"{self.job_id}/planner", num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(
@@ -157,14 +161,21 @@ class Membership:
         return [self.live[i] for i in sorted(self.live)]
 
     def _ask(self, ids: list[int] = ()) -> None:
-        """Placement groups for as many learners as it takes to reach `learners.max`."""
+        """Slots (placement groups, or the pool's bundles) for as many learners as it takes to
+        reach `learners.max`."""
         from orchestrator.placement import request_slot
 
         ids = list(ids)
         while len(self.live) + len(self.arriving) + len(self.pending) < self.spec.learners.max:
-            learner_id = ids.pop(0) if ids else self._new_id()
-            pg = request_slot(self.job_id, learner_id, self.bundle)
-            self.pending[learner_id] = (pg, pg.ready())
+            learner_id = ids[0] if ids else self.next_id
+            slot = request_slot(self.job_id, learner_id, self.bundle, self.pool)
+            if slot is None:  # the pool's bundles are all taken (until a learner gives one back)
+                return
+            if ids:
+                ids.pop(0)
+            else:
+                self._new_id()
+            self.pending[learner_id] = (slot, slot.ready())
 
     def _new_id(self) -> int:
         self.next_id += 1
@@ -493,6 +504,8 @@ class Membership:
         self.live.clear()
         self.arriving.clear()
         self.pending.clear()
+        if self.pool is not None:
+            return
         try:
             from ray.autoscaler.sdk import request_resources
 

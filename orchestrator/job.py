@@ -40,12 +40,14 @@ class TrainingJob:
         report: called with each evaluation's record (the CLI prints a console line from it).
         resume: continue from `out_dir/checkpoint.pt` (its counters, weights, shard plan and curve).
         use_ray: run the learners as Ray actors (default: when the spec allows more than one).
+        pool: place the learners in these bundles (`placement.BundlePool`, e.g. a Tune trial's)
+            rather than in a placement group per learner.
     """
 
     def __init__(self, spec: JobSpec, out_dir: str | Path, report: Report | None = None, resume: bool = False,
-                 use_ray: bool | None = None):
+                 use_ray: bool | None = None, pool=None):
         self.use_ray = spec.learners.max > 1 if use_ray is None else use_ray
-        self.spec, self.out_dir, self.resume = spec, Path(out_dir), resume
+        self.spec, self.out_dir, self.resume, self.pool = spec, Path(out_dir), resume, pool
         self.report = report or (lambda record: None)
         self.workload = AsrWorkload(spec, seed=spec.seed)  # the driver's copy, for evaluation
         self.job_id = f"{spec.name}-{uuid.uuid4().hex[:6]}"
@@ -86,7 +88,7 @@ class TrainingJob:
         self.events = EventLog(self.out_dir / "events.jsonl", self.metrics, self.started_at)
         config = WorkloadConfig.model_validate(self.spec.model_dump(include={"data", "features", "model", "optim"}))
         self.membership = Membership(self.job_id, self.spec, config.model_dump(mode="json"), self.events,
-                                     self.metrics, self.use_ray, fallback_state=self._fallback_state)
+                                     self.metrics, self.use_ray, fallback_state=self._fallback_state, pool=self.pool)
         try:
             slots = self.membership.start(checkpoint["learner_ids"] if checkpoint else [])
             wall_before = self._restore(checkpoint, slots) if checkpoint else 0.0

@@ -1,13 +1,16 @@
 """Placing learners: one single-bundle placement group per learner (`<job>/learner-<id>`) holding
 one named learner actor (`<job>/learner-<id>`), so learners can be added or lost one at a time
-and the Ray dashboard's Actors and Placement Groups views show each. One-learner jobs outside Ray
-run the same learner in-process. Also the inventory of the cluster's nodes (what accelerators,
+and the Ray dashboard's Actors and Placement Groups views show each. A job that runs as a Tune
+trial instead places its learners in the bundles of the trial's own placement group (a
+`BundlePool`), so Tune accounts for every learner. One-learner jobs outside Ray run the same
+learner in-process. Also the inventory of the cluster's nodes (what accelerators,
 labels and custom resources each offers) and what measured speeds imply: allreduce batch shares
 and the gossip ring order.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 import ray
@@ -32,36 +35,88 @@ def cluster_has_gpus() -> bool:
     return ray.cluster_resources().get("GPU", 0) >= 1
 
 
-def request_slot(job_id: str, learner_id: int, bundle: dict):
-    """Ask Ray for one learner's placement group; it is placed when capacity allows."""
-    return placement_group([bundle], strategy="PACK", name=f"{job_id}/learner-{learner_id}")
+@dataclass
+class Slot:
+    """Where one learner runs: bundle `index` of placement group `pg`, which is either the
+    learner's own (freeing the slot removes it) or lent by a `BundlePool` (freeing gives it back)."""
+
+    pg: object
+    index: int = 0
+    pool: BundlePool | None = None
+
+    def ready(self):
+        return self.pg.ready()
+
+    def free(self) -> None:
+        if self.pool is not None:
+            self.pool.give_back(self.index)
+        else:
+            remove_placement_group(self.pg)
 
 
-def start_learner(job_id: str, learner_id: int, pg, bundle: dict, workload_config: dict, seed: int, planner,
+@dataclass
+class BundlePool:
+    """Learner slots inside a placement group that someone else owns and removes (a Tune
+    trial's): its bundles `indices`, each the same `bundle` of resources."""
+
+    pg: object
+    indices: list[int]
+    bundle: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        self._free = list(self.indices)
+
+    @classmethod
+    def of_current_trial(cls) -> BundlePool:
+        """The bundles after the first (the trial driver's) of the placement group this process
+        runs in."""
+        pg = ray.util.get_current_placement_group()
+        if pg is None:
+            raise RuntimeError("not running inside a placement group (a Tune trial with a PlacementGroupFactory)")
+        specs = pg.bundle_specs
+        return cls(pg, list(range(1, len(specs))), dict(specs[1]) if len(specs) > 1 else {})
+
+    def take(self) -> Slot | None:
+        return Slot(self.pg, self._free.pop(0), self) if self._free else None
+
+    def give_back(self, index: int) -> None:
+        if index not in self._free:
+            self._free.append(index)
+
+
+def request_slot(job_id: str, learner_id: int, bundle: dict, pool: BundlePool | None = None) -> Slot | None:
+    """Ask Ray for one learner's placement group (placed when capacity allows), or take a free
+    bundle of `pool` (None when all are taken)."""
+    if pool is not None:
+        return pool.take()
+    return Slot(placement_group([bundle], strategy="PACK", name=f"{job_id}/learner-{learner_id}"))
+
+
+def start_learner(job_id: str, learner_id: int, slot: Slot, bundle: dict, workload_config: dict, seed: int, planner,
                   slowdown: float = 1.0):
     """The learner actor for a placed slot (returns at once; `ready()` answers once it is built)."""
     cpus = bundle.get("CPU", 1.0)
     return LearnerActor.options(
         name=f"{job_id}/learner-{learner_id}", num_cpus=cpus, num_gpus=bundle.get("GPU", 0),
         resources={k: v for k, v in bundle.items() if k not in ("CPU", "GPU")},
-        scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=0),
+        scheduling_strategy=PlacementGroupSchedulingStrategy(slot.pg, placement_group_bundle_index=slot.index),
     ).remote(workload_config, seed, learner_id, planner, max(1, int(cpus)), slowdown)
 
 
 def place_learners(job_id: str, count: int, cpus_per_learner: float, workload_config: dict, seed: int,
                    timeout_s: float = 120.0):
-    """A fixed set of `count` learners sharing one static shard plan (tests); returns (pgs, actors)."""
+    """A fixed set of `count` learners sharing one static shard plan (tests); returns (slots, actors)."""
     bundle = learner_bundle(cpus_per_learner, cluster_has_gpus())
-    pgs = [request_slot(job_id, i, bundle) for i in range(count)]
-    ready, _ = ray.wait([pg.ready() for pg in pgs], num_returns=count, timeout=timeout_s)
+    slots = [request_slot(job_id, i, bundle) for i in range(count)]
+    ready, _ = ray.wait([slot.ready() for slot in slots], num_returns=count, timeout=timeout_s)
     if len(ready) < count:
-        release(pgs, [])
+        release(slots, [])
         raise PlacementTimeout(
             f"{job_id}: could not reserve {count} learners of {bundle} within {timeout_s:.0f}s; "
             f"the cluster has {ray.available_resources()} available")
     planner = ShardPlanner(list(range(count)))
-    actors = [start_learner(job_id, i, pg, bundle, workload_config, seed, planner) for i, pg in enumerate(pgs)]
-    return pgs, actors
+    actors = [start_learner(job_id, i, slot, bundle, workload_config, seed, planner) for i, slot in enumerate(slots)]
+    return slots, actors
 
 
 SIT_OUT_SHARE = 0.5  # x an equal share: below it, a learner that still straggles sits out
@@ -145,16 +200,16 @@ def node_inventory() -> list[dict]:
     return nodes
 
 
-def release(pgs, actors) -> None:
-    """Kill learners and free their placement groups (placed or still pending)."""
+def release(slots: list[Slot], actors) -> None:
+    """Kill learners and free their slots (placed or still pending)."""
     for actor in actors:
         try:
             ray.kill(actor)
         except Exception:  # already dead
             pass
-    for pg in pgs:
+    for slot in slots:
         try:
-            remove_placement_group(pg)
+            slot.free()
         except Exception:  # already removed
             pass
 

@@ -1,0 +1,82 @@
+"""One sweep trial = one `TrainingJob` with its own learner group, run as a Ray Tune function
+trainable.
+
+Tune reserves the whole trial in one placement group (`trial_resources`): bundle 0 for the
+trial's driver (this function: it runs the job loop and evaluates the averaged model) and one
+bundle per learner, which the job places its learner actors in (`placement.BundlePool`). So
+concurrent trials never hold more than the cluster has, and a trial never waits for learners
+that another trial holds.
+
+Each evaluation (one per epoch) is reported to Tune with the job's output folder as the
+checkpoint (`checkpoint.pt` with every learner's state, the curve, `trial.json`); a paused trial
+resumes from it with `TrainingJob(resume=True)`, with as many learners as its placement group
+now has (rung-aware scaling). The last epoch is reported after the job's `summary.json` (test
+WER included) is written, so it is part of the last checkpoint: Tune stops a trial at its last
+report.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+
+def trial_resources(sweep, learners: int, use_gpus: bool):
+    """The PlacementGroupFactory of a trial with `learners` learners."""
+    from ray.tune import PlacementGroupFactory
+
+    from orchestrator.placement import learner_bundle
+
+    learner = learner_bundle(sweep.learner_cpus, use_gpus, sweep.job.get("learner_resources") or {})
+    return PlacementGroupFactory([{"CPU": sweep.driver_cpus}] + [learner] * learners, strategy="PACK")
+
+
+def run_trial(config: dict, sweep_raw: dict) -> None:
+    """The trainable: train the trial's job, reporting every epoch with a checkpoint."""
+    from ray import tune
+
+    from orchestrator.job import TrainingJob
+    from orchestrator.placement import BundlePool
+    from search.spec import SweepSpec
+
+    sweep = SweepSpec.model_validate(sweep_raw)
+    context = tune.get_context()
+    pool = BundlePool.of_current_trial()
+    learners = len(pool.indices)
+    trial_dir = Path(context.get_trial_dir())
+    for stale in trial_dir.glob("job-*"):  # an earlier start's folder: what matters is in its checkpoint
+        shutil.rmtree(stale, ignore_errors=True)
+    out = Path(tempfile.mkdtemp(prefix="job-", dir=trial_dir))
+    checkpoint = tune.get_checkpoint()
+    if checkpoint is not None:
+        checkpoint.to_directory(str(out))
+    state_path = out / "trial.json"
+    state = json.loads(state_path.read_text()) if state_path.is_file() else {
+        "starts": 0, "learner_seconds": 0.0, "wall_s": 0.0, "resumed_at_epochs": []}
+    if checkpoint is not None:
+        state["resumed_at_epochs"].append(state.get("epochs", 0))
+    state["starts"] += 1
+    spec = sweep.trial_spec(config, learners, f"{sweep.name}-{context.get_trial_id()}")
+    held: dict | None = None
+
+    def report(record: dict) -> None:
+        nonlocal held
+        state["learner_seconds"] += max(0.0, record["wall_s"] - state["wall_s"]) * learners
+        state["wall_s"], state["epochs"] = record["wall_s"], record["epoch"]
+        state_path.write_text(json.dumps(state))
+        metrics = {**record, "learners": learners, "learner_seconds": round(state["learner_seconds"], 2),
+                   "starts": state["starts"]}
+        if record["epoch"] >= sweep.budget.max - 1e-9:
+            held = metrics  # the last epoch: reported with the summary, below
+            return
+        tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(str(out)))
+
+    job = TrainingJob(spec, out, report=report, resume=checkpoint is not None, use_ray=True, pool=pool)
+    summary = job.run()
+    final = held or {**(job.evals[-1] if job.evals else {}), "learners": learners,
+                     "learner_seconds": round(state["learner_seconds"], 2), "starts": state["starts"]}
+    final.update({"wer_test": summary.get("wer_test"), "wer_test_unseen": summary.get("wer_test_unseen"),
+                  "finished": True})
+    tune.report(final, checkpoint=tune.Checkpoint.from_directory(str(out)))
