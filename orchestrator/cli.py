@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import sys
 from pathlib import Path
 
@@ -85,6 +86,11 @@ def train(spec_path, overrides, out, address, resume):
     learners = f"{n.max} learner{'s' if n.max > 1 else ''}" if n.fixed else f"{n.min} to {n.max} learners"
     group = f", {spec.group.kind}" if n.max > 1 else ""
     click.echo(f"chorus: training {spec.name} ({spec.model.kind}, {learners}{group}) -> {out}")
+    def on_sigint(signum, frame):
+        job.interrupt()  # the job raises it again at its next turn, should this one be swallowed
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_sigint)
     try:
         summary = job.run()
     except CapacityTimeout as exc:

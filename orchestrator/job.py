@@ -57,6 +57,7 @@ class TrainingJob:
         self.membership: Membership | None = None
         self.events: EventLog | None = None
         self._stop = threading.Event()
+        self._interrupted = threading.Event()
         self._last_states: dict[int, dict] = {}
         self._first_step_at: float | None = None
         self.recoveries: list[dict] = []  # membership changes: when, when re-formed, when stepping again
@@ -70,6 +71,12 @@ class TrainingJob:
         """Finish early but cleanly (from another thread): the learners end their current chunk,
         the job evaluates, writes its summary and returns."""
         self._stop.set()
+
+    def interrupt(self) -> None:
+        """Ctrl-C (from a signal handler): the training loop raises KeyboardInterrupt at its next
+        turn, however the signal's own KeyboardInterrupt fared (one raised inside a callback or a
+        finalizer is swallowed)."""
+        self._interrupted.set()
 
     # -- the run --------------------------------------------------------------------------------
     def run(self) -> dict:
@@ -148,6 +155,8 @@ class TrainingJob:
             pending[ref] = slot.id
 
         while True:
+            if self._interrupted.is_set():
+                raise KeyboardInterrupt
             m.poll()
             if m.below_min():
                 self._drain(pending)

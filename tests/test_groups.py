@@ -176,10 +176,12 @@ def test_two_learner_job_trains_and_leaves_nothing_behind(ray_session, corpus, t
     assert prometheus_names() <= set(series), prometheus_names() - set(series)
     assert series["ray_chorus_learners"] == {(("group", kind),): 2.0}
     assert series["ray_chorus_wer"] == {(("split", "dev"),): pytest.approx(records[-1]["dev_wer"], abs=0.01)}
-    if slowdown:  # the slowed learner's steps take about 3x as long (each step sleeps 2x its compute)
+    if slowdown:  # the slowed learner's steps take about 3x as long (each step sleeps 2x its compute);
+        # the bound leaves room for load: the fast learner's steps also hold its gossip mixing
+        # (measured 1.75x once on a loaded CI run; unslowed learners measure about 1x)
         mean_step = {labels[0][1]: series["ray_chorus_step_seconds_sum"][labels] / count
                      for labels, count in series["ray_chorus_step_seconds_count"].items()}
-        assert mean_step["1"] > 1.8 * mean_step["0"], mean_step
+        assert mean_step["1"] > 1.5 * mean_step["0"], mean_step
     steps = sum(series["ray_chorus_steps_total"].values())
     assert steps == sum(series["ray_chorus_step_seconds_count"].values()) >= summary["steps"]
 
