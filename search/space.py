@@ -157,7 +157,7 @@ class Space(RootModel[dict[str, Param]]):
     # -- configs --------------------------------------------------------------------------------
     def active(self, config: dict) -> dict:
         """The config's parameters whose conditions hold (all, for an unconditional space),
-        values cast to the parameter's type."""
+        values cast to the parameter's type as plain Python values."""
         out = {}
         for name, p in self.items():
             if name not in config:
@@ -166,6 +166,8 @@ class Space(RootModel[dict[str, Param]]):
             if cond and config.get(cond[0]) not in cond[1]:
                 continue
             value = config[name]
+            if hasattr(value, "item"):  # a numpy scalar (ConfigSpace's samples): a plain Python value
+                value = value.item()
             if p.type == "int":  # within the bounds (a sample at an open end rounds onto them)
                 value = min(max(int(round(value)), int(p.low)), int(p.high))
             out[name] = float(value) if p.type == "float" else value

@@ -112,8 +112,14 @@ def _rows(sweep: SweepSpec, grid) -> list[dict]:
             "config": sweep.space.active(result.config or {}),
             "curve": curve,
             "checkpoint": result.checkpoint.path if result.checkpoint else None,
+            "error": _last_line(result.error) if result.error else None,
         })
     return rows
+
+
+def _last_line(error: BaseException) -> str:
+    lines = [line for line in str(error).splitlines() if line.strip()]
+    return lines[-1].strip() if lines else type(error).__name__
 
 
 def summarize(sweep: SweepSpec, grid, out: Path, wall_s: float) -> dict:
@@ -139,6 +145,7 @@ def summarize(sweep: SweepSpec, grid, out: Path, wall_s: float) -> dict:
         "best_job_summary": job_summary,
         "wer_test": job_summary.get("wer_test") if job_summary else None,
         "trials": len(rows), "trials_by_outcome": outcomes,
+        "first_error": next(({"trial": r["trial"], "error": r["error"]} for r in rows if r["error"]), None),
         "trials_resumed": sum(1 for r in rows if r["starts"] > 1),
         "epochs_trained": sum(r["epochs"] for r in rows),
         "learner_seconds": round(sum(r["learner_seconds"] or 0.0 for r in rows), 1),

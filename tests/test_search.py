@@ -28,6 +28,7 @@ SPACE = {
     "data.max_batch_seconds": {"type": "int", "low": 10, "high": 14},
     "model.layers": {"type": "int", "low": 1, "high": 8, "log": True},
     "model.kind": {"type": "categorical", "choices": ["bilstm_ctc", "conformer_ctc"]},
+    "model.hidden": {"type": "categorical", "choices": [96, 160, 224]},
     "model.heads": {"type": "int", "low": 2, "high": 4, "when": {"model.kind": "conformer_ctc"}},
 }
 
@@ -87,6 +88,11 @@ def test_one_space_yields_equivalent_configspace_hyperopt_and_tune_spaces():
         assert all(("model.heads" in c) == (c["model.kind"] == "conformer_ctc") for c in configs), source
         share = sum("model.heads" in c for c in configs) / len(configs)
         assert abs(share - 0.5) < 0.04, (source, share)
+    # sampled values are plain Python values (ConfigSpace samples numpy scalars), so any sample
+    # becomes job-spec overrides
+    for source, configs in samples.items():
+        assert all(type(v) in (int, float, str) for c in configs for v in c.values()), source
+        assert all(len(space.overrides(c)) == len(c) for c in configs[:200]), source
     # and a config becomes job-spec overrides
     assert space.overrides({"optim.lr": 0.002, "model.dropout": 0.1, "data.max_batch_seconds": 12.0,
                             "model.layers": 2, "model.kind": "bilstm_ctc", "model.heads": 3}) == [
