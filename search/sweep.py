@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -43,7 +44,7 @@ def run_sweep(sweep: SweepSpec, out: str | Path, resume: bool = False, trainable
     from ray import tune
 
     from search.methods import build_method
-    from search.trial import run_trial, trial_resources
+    from search.trial import run_trial, trial_resources, trial_scratch
 
     out = Path(out).resolve()
     experiment = out / EXPERIMENT
@@ -72,6 +73,8 @@ def run_sweep(sweep: SweepSpec, out: str | Path, resume: bool = False, trainable
             run_config=tune.RunConfig(name=EXPERIMENT, storage_path=str(out), verbose=verbose, stop=stop,
                                       checkpoint_config=tune.CheckpointConfig(num_to_keep=1)))
     grid = tuner.fit()
+    for result in grid:  # the job folders of trials stopped while paused (those run on this node)
+        shutil.rmtree(trial_scratch(Path(result.path).name), ignore_errors=True)
     return summarize(sweep, grid, out, time.time() - started)
 
 
@@ -132,6 +135,7 @@ def summarize(sweep: SweepSpec, grid, out: Path, wall_s: float) -> dict:
     job_summary = None
     if best and best["checkpoint"] and (Path(best["checkpoint"]) / "summary.json").is_file():
         job_summary = json.loads((Path(best["checkpoint"]) / "summary.json").read_text())
+        job_summary["checkpoint"] = str(Path(best["checkpoint"]) / "checkpoint.pt")  # where it is kept
     outcomes: dict[str, int] = {}
     for r in rows:
         outcomes[r["outcome"]] = outcomes.get(r["outcome"], 0) + 1

@@ -7,12 +7,13 @@ bundle per learner, which the job places its learner actors in (`placement.Bundl
 concurrent trials never hold more than the cluster has, and a trial never waits for learners
 that another trial holds.
 
-Each evaluation (one per epoch) is reported to Tune with the job's output folder as the
-checkpoint (`checkpoint.pt` with every learner's state, the curve, `trial.json`); a paused trial
-resumes from it with `TrainingJob(resume=True)`, with as many learners as its placement group
-now has (rung-aware scaling). The last epoch is reported after the job's `summary.json` (test
-WER included) is written, so it is part of the last checkpoint: Tune stops a trial at its last
-report.
+The job writes to a scratch folder (`trial_scratch`), removed when the trial finishes (and by
+the sweep, on its own node, for trials that Hyperband stopped). Each evaluation (one per epoch)
+is reported to Tune with that folder as the checkpoint (`checkpoint.pt` with every learner's
+state, the curve, `trial.json`); a paused trial resumes from it with `TrainingJob(resume=True)`,
+with as many learners as its placement group now has (rung-aware scaling). The last epoch is
+reported after the job's `summary.json` (test WER included) is written, so it is part of the
+last checkpoint: Tune stops a trial at its last report.
 """
 
 from __future__ import annotations
@@ -33,6 +34,13 @@ def trial_resources(sweep, learners: int, use_gpus: bool):
     return PlacementGroupFactory([{"CPU": sweep.driver_cpus}] + [learner] * learners, strategy="PACK")
 
 
+def trial_scratch(trial_name: str) -> Path:
+    """The job folder of a running trial, on the node it runs on. Not in Tune's trial folder:
+    Tune copies that folder to the sweep's storage, and what matters of the job is in its
+    checkpoints already."""
+    return Path(tempfile.gettempdir()) / "chorus-trials" / trial_name
+
+
 def run_trial(config: dict, sweep_raw: dict) -> None:
     """The trainable: train the trial's job, reporting every epoch with a checkpoint."""
     from ray import tune
@@ -45,10 +53,9 @@ def run_trial(config: dict, sweep_raw: dict) -> None:
     context = tune.get_context()
     pool = BundlePool.of_current_trial()
     learners = len(pool.indices)
-    trial_dir = Path(context.get_trial_dir())
-    for stale in trial_dir.glob("job-*"):  # an earlier start's folder: what matters is in its checkpoint
-        shutil.rmtree(stale, ignore_errors=True)
-    out = Path(tempfile.mkdtemp(prefix="job-", dir=trial_dir))
+    out = trial_scratch(Path(context.get_trial_dir()).name)
+    shutil.rmtree(out, ignore_errors=True)  # an earlier start's folder: what matters is in its checkpoint
+    out.mkdir(parents=True)
     checkpoint = tune.get_checkpoint()
     if checkpoint is not None:
         checkpoint.to_directory(str(out))
@@ -80,3 +87,4 @@ def run_trial(config: dict, sweep_raw: dict) -> None:
     final.update({"wer_test": summary.get("wer_test"), "wer_test_unseen": summary.get("wer_test_unseen"),
                   "finished": True})
     tune.report(final, checkpoint=tune.Checkpoint.from_directory(str(out)))
+    shutil.rmtree(out, ignore_errors=True)  # persisted as the checkpoint: the working copy can go

@@ -256,3 +256,49 @@ def _progress_rows(experiment: Path, trial_id: str) -> int:
     (trial_dir,) = [d for d in experiment.iterdir() if d.is_dir() and trial_id in d.name]
     result = trial_dir / "result.json"
     return len(result.read_text().splitlines()) if result.is_file() else 0
+
+
+def _reports(experiment: Path) -> dict[str, list[dict]]:
+    """Trial id -> every result it reported (Tune's result.json)."""
+    out = {}
+    for trial_dir in experiment.iterdir():
+        if (trial_dir / "result.json").is_file():
+            rows = [json.loads(line) for line in (trial_dir / "result.json").read_text().splitlines()]
+            out[rows[0]["trial_id"]] = rows
+    return out
+
+
+def test_a_promoted_trial_resumes_from_its_checkpoint_with_the_learners_of_its_rung(ray_session, corpus, tmp_path):
+    import ray
+
+    from search import run_sweep
+    from search.trial import trial_scratch
+
+    # BOHB's Hyperband, max 3 epochs, eta 3: its first bracket holds 3 trials at 1 epoch, and the
+    # best goes on to 3 (Tune's plain HyperBandScheduler would start with its no-stopping bracket)
+    sweep = load_sweep(_sweep_file(tmp_path, corpus, method="bohb", trials=3, max_concurrent=3, learners=1,
+                                   learners_per_rung=[1, 2], cpus_per_learner=0.75,
+                                   budget={"max": 3, "min": 1, "reduction_factor": 3}))
+    summary = run_sweep(sweep, tmp_path / "out", verbose=0)
+    assert summary["trials_by_outcome"] == {"finished": 1, "stopped": 2}, summary
+    reports = _reports(tmp_path / "out" / "tune")
+    assert len(reports) == 3
+    winner = reports[summary["best_trial"]]
+    # the first rung with one learner; promoted, it starts again with two, from its checkpoint
+    assert [(r["epoch"], r["learners"], r["starts"]) for r in winner] == [(1, 1, 1), (2, 2, 2), (3, 2, 2)]
+    assert winner[1]["step"] > winner[0]["step"] and winner[1]["samples"] > winner[0]["samples"]
+    assert summary["best_job_summary"]["learners"] == 2 and summary["wer_test"] is not None
+    # the model is kept in the best trial's last checkpoint, and nowhere else: no job folders
+    # copied into the sweep's storage, no trial scratch left on this node
+    kept = list((tmp_path / "out").rglob("checkpoint.pt"))
+    assert Path(summary["best_job_summary"]["checkpoint"]) in kept
+    assert all(p.parent.name.startswith("checkpoint_") for p in kept), kept
+    assert not any(trial_scratch(d.name).exists() for d in (tmp_path / "out" / "tune").iterdir())
+    for trial_id, rows in reports.items():  # the others trained the first rung only, with one learner
+        if trial_id != summary["best_trial"]:
+            assert [(r["epoch"], r["learners"]) for r in rows] == [(1, 1)]
+    deadline = time.time() + 60
+    while time.time() < deadline and (_trial_groups() or [
+            a for a in ray.util.list_named_actors(all_namespaces=True) if "/learner-" in a["name"]]):
+        time.sleep(0.5)
+    assert _trial_groups() == []
