@@ -103,10 +103,6 @@ def train(spec_path, overrides, out, address, resume):
         click.echo(f"chorus: interrupted, learners released; {where}", err=True)
         sys.exit(130)
     click.echo(json.dumps(summary))
-    if summary["best_trial"] is None:
-        error = summary["first_error"] or {}
-        raise click.ClickException(f"no trial reported {spec.metric}; first error ({error.get('trial')}): "
-                                   f"{error.get('error')}")
 
 
 @main.command()
