@@ -2,8 +2,8 @@
 
 | method    | searcher                          | scheduler                          |
 |-----------|-----------------------------------|------------------------------------|
-| bohb      | TuneBOHB (ConfigSpace space)      | HyperBandForBOHB                   |
-| hyperband | random (BasicVariantGenerator)    | HyperBandScheduler                 |
+| bohb      | TuneBOHB (ConfigSpace space)      | HyperBandForBOHB (brackets filled) |
+| hyperband | random (BasicVariantGenerator)    | HyperBandScheduler (one fill each) |
 | asha      | random                            | ASHAScheduler                      |
 | hyperopt  | HyperOptSearch (hyperopt space)   | ASHAScheduler                      |
 | random    | random                            | none: every trial trains max budget |
@@ -37,7 +37,7 @@ class Method:
 def build_method(sweep: SweepSpec, trial_resources=None) -> Method:
     """The searcher and scheduler of `sweep.method`; `trial_resources(learners)` makes a trial's
     PlacementGroupFactory (needed for rung-aware scaling)."""
-    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, HyperBandForBOHB, HyperBandScheduler
+    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
     from ray.tune.search import BasicVariantGenerator, ConcurrencyLimiter
 
     metric, mode, b = sweep.metric, sweep.mode, sweep.budget
@@ -49,8 +49,9 @@ def build_method(sweep: SweepSpec, trial_resources=None) -> Method:
         # TuneBOHB limits the trials it runs itself (a ConcurrencyLimiter would count paused ones)
         searcher = TuneBOHB(space=sweep.space.to_configspace(seed=sweep.seed), metric=metric, mode=mode,
                             seed=sweep.seed, max_concurrent=sweep.max_concurrent)
-        scheduler = HyperBandForBOHB(time_attr="training_iteration", metric=metric, mode=mode, max_t=b.max,
-                                     reduction_factor=b.reduction_factor, stop_last_trials=True)
+        scheduler = _filled_brackets_bohb()(time_attr="training_iteration", metric=metric, mode=mode,
+                                            max_t=b.max, reduction_factor=b.reduction_factor,
+                                            stop_last_trials=True)
     elif kind == "hyperopt":
         from ray.tune.search.hyperopt import HyperOptSearch
 
@@ -67,7 +68,7 @@ def build_method(sweep: SweepSpec, trial_resources=None) -> Method:
                                          max_concurrent=0 if kind == "hyperband" else sweep.max_concurrent)
         param_space = sweep.space.to_tune()
         if kind == "hyperband":
-            scheduler = HyperBandScheduler(time_attr="training_iteration", metric=metric, mode=mode, max_t=b.max,
+            scheduler = _hyperband()(time_attr="training_iteration", metric=metric, mode=mode, max_t=b.max,
                                            reduction_factor=b.reduction_factor)
         elif kind == "asha":
             scheduler = ASHAScheduler(time_attr="training_iteration", metric=metric, mode=mode, max_t=b.max,
@@ -77,6 +78,63 @@ def build_method(sweep: SweepSpec, trial_resources=None) -> Method:
     if sweep.learners_per_rung is not None and trial_resources is not None:
         scheduler = _rung_scaling(sweep, scheduler, trial_resources)
     return Method(searcher, scheduler, param_space)
+
+
+def _accepting(bracket) -> bool:
+    """Whether a Hyperband bracket still takes new trials: until it has been given its n0."""
+    return bracket is not None and getattr(bracket, "chorus_added", 0) < bracket._n0
+
+
+class _OneFillPerBracket:
+    """Tune's Hyperband brackets take new trials whenever fewer are live than their current size,
+    so a bracket whose trials have finished takes new ones at its top rung: after its first
+    bracket, Tune's HyperBandForBOHB trained every new trial for the full budget (random search
+    with extra steps). Here a bracket takes exactly its n0 trials, then the band's next bracket
+    is opened. (Tune internals, checked against the pinned Ray: `_state`, `_n0`.)"""
+
+    def on_trial_add(self, tune_controller, trial):
+        if self._state["bracket"] is not None and not _accepting(self._state["bracket"]):
+            self._state["bracket"] = None  # the parent opens the next bracket
+        super().on_trial_add(tune_controller, trial)
+        bracket = self._state["bracket"]
+        bracket.chorus_added = getattr(bracket, "chorus_added", 0) + 1
+
+
+def _hyperband():
+    from ray.tune.schedulers import HyperBandScheduler
+
+    class Hyperband(_OneFillPerBracket, HyperBandScheduler):
+        """Tune's HyperBandScheduler, each bracket filled once."""
+
+    return Hyperband
+
+
+def _filled_brackets_bohb():
+    from ray.tune.experiment import Trial
+    from ray.tune.schedulers import HyperBandForBOHB
+
+    class FilledBracketsBOHB(_OneFillPerBracket, HyperBandForBOHB):
+        """Tune's HyperBandForBOHB, each bracket filled once, and not halved before it is filled
+        while the searcher can still add trials to it. Tune's version halves any bracket whenever
+        no trial is running, which happens between one trial pausing and the next being
+        suggested: with one trial at a time, each bracket's first trial was promoted alone, on
+        the strength of nothing (bohb_tiny's first trial went on to rung 3 before a second one
+        had started)."""
+
+        def choose_trial_to_run(self, tune_controller, allow_recurse: bool = True):
+            waiting = (_accepting(self._state["bracket"]) and not tune_controller.search_alg.is_finished()
+                       and not any(t.status == Trial.RUNNING for t in tune_controller.get_trials()))
+            if not waiting:
+                return super().choose_trial_to_run(tune_controller, allow_recurse)
+            for band in self._hyperbands:  # what the parent runs first: pending or promoted trials
+                for b in (b for b in band if b is not None):
+                    for trial in b.current_trials():
+                        if trial.status == Trial.PENDING or (trial.status == Trial.PAUSED
+                                                             and trial in b.trials_to_unpause):
+                            return trial
+            return None  # the searcher's next trial fills the bracket
+
+    return FilledBracketsBOHB
 
 
 def _rung_scaling(sweep: SweepSpec, base, trial_resources):
