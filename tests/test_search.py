@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -302,3 +303,48 @@ def test_a_promoted_trial_resumes_from_its_checkpoint_with_the_learners_of_its_r
             a for a in ray.util.list_named_actors(all_namespaces=True) if "/learner-" in a["name"]]):
         time.sleep(0.5)
     assert _trial_groups() == []
+
+
+def _stand_in_trial(config: dict, sweep_raw: dict) -> None:
+    """A trial without a job: its loss is x at every epoch; a checkpoint at every rung."""
+    import tempfile as tmp
+
+    from ray import tune
+
+    start = 0
+    if tune.get_checkpoint() is not None:
+        with tune.get_checkpoint().as_directory() as d:
+            start = int((Path(d) / "t").read_text())
+    for t in range(start + 1, sweep_raw["budget"]["max"] + 1):
+        with tmp.TemporaryDirectory() as d:
+            (Path(d) / "t").write_text(str(t))
+            tune.report({"loss": config["x"], "epoch": t}, checkpoint=tune.Checkpoint.from_directory(d))
+
+
+def test_each_bohb_bracket_takes_its_trials_once_and_halves_them_when_filled(ray_session, tmp_path):
+    import ray
+    from ray import tune
+
+    from search import run_sweep
+    from search.spec import SweepSpec
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the stand-in, for the workers
+    # max 9, eta 3: bracket 1 takes 9 trials at 1 epoch (3 go on to 3, 1 to 9), bracket 2 takes
+    # 5 at 3 epochs (2 go on to 9). Tune's own brackets took trials into a finished bracket at its
+    # top rung, and halved a bracket whenever no trial ran (one at a time here: often)
+    sweep = SweepSpec(name="brackets", job={}, method="bohb", metric="loss", mode="min",
+                      space={"x": {"type": "float", "low": 0.0, "high": 1.0}},
+                      budget={"max": 9, "min": 1, "reduction_factor": 3}, trials=14, max_concurrent=1, learners=1)
+    run_sweep(sweep, tmp_path / "out", trainable=_stand_in_trial, verbose=0, reuse_actors=True,
+              resources=lambda n: tune.PlacementGroupFactory([{"CPU": 1}]))
+    reports = _reports(tmp_path / "out" / "tune")
+    index = {t: int(re.search(rf"_{t}_(\d+)", d.name).group(1))  # a trial's folder: <name>_<id>_<index>_...
+             for d in (tmp_path / "out" / "tune").iterdir() for t in reports if f"_{t}_" in d.name}
+    order = sorted(reports, key=index.get)  # in the order they were suggested
+    top = {t: max(r["epoch"] for r in reports[t]) for t in order}  # the furthest epoch each reached
+    first, rest = order[:9], order[9:]
+    assert sum(top[t] > 1 for t in first) == 3 and sum(top[t] == 9 for t in first) == 1, top
+    assert all(top[t] >= 3 for t in rest) and sum(top[t] == 9 for t in rest) == 2, top
+    # and the halvings kept the best (lowest x) of the first rung, not the first trial to get there
+    x = {t: reports[t][0]["loss"] for t in first}
+    assert top[min(x, key=x.get)] == 9, (x, top)
