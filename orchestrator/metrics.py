@@ -4,8 +4,10 @@ Everything is recorded by the job's driver through `ray.util.metrics` from what 
 report after each chunk of steps, so one process owns the numbers and a learner killed at the end
 of a job loses none of them. Ray exports them to Prometheus with a `ray_` prefix (counters also
 get `_total`, histograms `_bucket`/`_sum`/`_count`), next to Ray's own `SessionName` tag; every
-series here also carries `job` (the job id), and per-learner series carry `learner` (its index).
-`prometheus_names()` lists the series the Grafana dashboard may query.
+job series here also carries `chorus_job` (the job id; not `job`, which Prometheus's scrape sets
+to its own job name), per-learner series carry `learner` (its index), and the sweep series
+(recorded by the sweep's driver, `SweepMetrics`) carry `chorus_sweep` (the sweep's name).
+`prometheus_names()` lists the series the Grafana dashboard (`dashboards/chorus.json`) may query.
 
 Without a Ray connection (a one-learner job in-process) recording is a no-op.
 """
@@ -16,34 +18,42 @@ from functools import cache
 
 # name: (kind, description, tag keys)
 METRICS = {
-    "chorus_samples": ("counter", "Training utterances processed", ("job", "learner")),
-    "chorus_steps": ("counter", "Optimizer steps taken", ("job", "learner")),
+    "chorus_samples": ("counter", "Training utterances processed", ("chorus_job", "learner")),
+    "chorus_steps": ("counter", "Optimizer steps taken", ("chorus_job", "learner")),
     "chorus_step_seconds": ("histogram", "Wall time of one training step, communication included",
-                            ("job", "learner")),
+                            ("chorus_job", "learner")),
     "chorus_comm_seconds": ("histogram", "Time of one step spent waiting on communication (allreduce, "
-                            "gossip exchange, broadcast)", ("job", "learner")),
+                            "gossip exchange, broadcast)", ("chorus_job", "learner")),
     "chorus_samples_per_second": ("gauge", "Training utterances per second over the learner's last chunk",
-                                  ("job", "learner")),
+                                  ("chorus_job", "learner")),
     "chorus_train_loss": ("gauge", "Mean training loss (CTC, per utterance) over the learner's last chunk",
-                          ("job", "learner")),
-    "chorus_epoch": ("gauge", "Epochs the learner has finished", ("job", "learner")),
+                          ("chorus_job", "learner")),
+    "chorus_epoch": ("gauge", "Epochs the learner has finished", ("chorus_job", "learner")),
     "chorus_wer": ("gauge", "Word error rate in percent of the average of all learners' weights",
-                   ("job", "split")),
-    "chorus_learners": ("gauge", "Learners in the job's group", ("job", "group")),
+                   ("chorus_job", "split")),
+    "chorus_learners": ("gauge", "Learners in the job's group", ("chorus_job", "group")),
     "chorus_consensus_distance": ("gauge", "Mean L2 distance of each learner's weights to their average",
-                                  ("job",)),
+                                  ("chorus_job",)),
     "chorus_membership_events": ("counter", "Membership events: join, leave, failure, rebalance, waiting",
-                                 ("job", "kind")),
+                                 ("chorus_job", "kind")),
     "chorus_learner_speed": ("gauge", "A learner's measured speed: utterances per second of its own compute "
-                             "(communication excluded), a rolling mean", ("job", "learner")),
+                             "(communication excluded), a rolling mean", ("chorus_job", "learner")),
+    "chorus_sweep_trials": ("gauge", "A sweep's trials by Tune state (PENDING, RUNNING, PAUSED, TERMINATED, ERROR)",
+                            ("chorus_sweep", "state")),
+    "chorus_sweep_best": ("gauge", "The best value of the sweep's metric that any trial has reported so far",
+                          ("chorus_sweep", "metric")),
 }
+SWEEP_STATES = ("PENDING", "RUNNING", "PAUSED", "TERMINATED", "ERROR")
 STEP_SECONDS_BOUNDARIES = [0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0]
 
 
-def prometheus_names() -> set[str]:
-    """The series names Prometheus sees for METRICS."""
+def prometheus_names(tag: str | None = None) -> set[str]:
+    """The series names Prometheus sees for METRICS (only those tagged `tag`, e.g. "chorus_job" for a
+    job's, when given)."""
     names = set()
-    for name, (kind, _, _) in METRICS.items():
+    for name, (kind, _, tags) in METRICS.items():
+        if tag is not None and tag not in tags:
+            continue
         if kind == "counter":
             names.add(f"ray_{name}_total")
         elif kind == "histogram":
@@ -93,13 +103,13 @@ class JobMetrics:
 
     def learners(self, count: int) -> None:
         if self.enabled:
-            self._m["chorus_learners"].set(count, tags={"job": self.job_id, "group": self.group})
+            self._m["chorus_learners"].set(count, tags={"chorus_job": self.job_id, "group": self.group})
 
     def learner_chunk(self, learner: int, stats: dict) -> None:
         """One learner's report after a chunk of steps (`Learner.take_stats`)."""
         if not self.enabled or not stats["step_seconds"]:
             return
-        tags = {"job": self.job_id, "learner": str(learner)}
+        tags = {"chorus_job": self.job_id, "learner": str(learner)}
         m = self._m
         if stats["chunk_samples"] > 0:  # an allreduce member with a used-up shard steps without samples
             m["chorus_samples"].inc(stats["chunk_samples"], tags=tags)
@@ -117,16 +127,38 @@ class JobMetrics:
 
     def evaluation(self, split: str, wer: float) -> None:
         if self.enabled:
-            self._m["chorus_wer"].set(wer, tags={"job": self.job_id, "split": split})
+            self._m["chorus_wer"].set(wer, tags={"chorus_job": self.job_id, "split": split})
 
     def event(self, kind: str) -> None:
         if self.enabled:
-            self._m["chorus_membership_events"].inc(1, tags={"job": self.job_id, "kind": kind})
+            self._m["chorus_membership_events"].inc(1, tags={"chorus_job": self.job_id, "kind": kind})
 
     def speed(self, learner: int, samples_per_s: float) -> None:
         if self.enabled:
-            self._m["chorus_learner_speed"].set(samples_per_s, tags={"job": self.job_id, "learner": str(learner)})
+            tags = {"chorus_job": self.job_id, "learner": str(learner)}
+            self._m["chorus_learner_speed"].set(samples_per_s, tags=tags)
 
     def consensus(self, distance: float) -> None:
         if self.enabled:
-            self._m["chorus_consensus_distance"].set(distance, tags={"job": self.job_id})
+            self._m["chorus_consensus_distance"].set(distance, tags={"chorus_job": self.job_id})
+
+
+class SweepMetrics:
+    """Records one sweep's trial counts by state and its best metric so far (in the sweep's driver).
+    Args: sweep (its name), metric (the metric's name), enabled (default: when connected to Ray)."""
+
+    def __init__(self, sweep: str, metric: str, enabled: bool | None = None):
+        self.sweep, self.metric = sweep, metric
+        self.enabled = _ray_connected() if enabled is None else enabled
+        self._m = _instruments() if self.enabled else {}
+
+    def trials(self, by_state: dict[str, int]) -> None:
+        """Every state is set, 0 included, so a state a trial has left reads 0 rather than its last count."""
+        if self.enabled:
+            for state in SWEEP_STATES:
+                self._m["chorus_sweep_trials"].set(by_state.get(state, 0), tags={"chorus_sweep": self.sweep,
+                                                                                  "state": state})
+
+    def best(self, value: float) -> None:
+        if self.enabled:
+            self._m["chorus_sweep_best"].set(value, tags={"chorus_sweep": self.sweep, "metric": self.metric})

@@ -43,6 +43,7 @@ def run_sweep(sweep: SweepSpec, out: str | Path, resume: bool = False, trainable
     import ray
     from ray import tune
 
+    from search.gauges import SweepGauges
     from search.methods import build_method
     from search.trial import run_trial, trial_resources, trial_scratch
 
@@ -71,6 +72,7 @@ def run_sweep(sweep: SweepSpec, out: str | Path, resume: bool = False, trainable
                                         num_samples=sweep.trials,
                                         reuse_actors=reuse_actors),
             run_config=tune.RunConfig(name=EXPERIMENT, storage_path=str(out), verbose=verbose, stop=stop,
+                                      callbacks=[SweepGauges(sweep.name, sweep.metric, sweep.mode)],
                                       checkpoint_config=tune.CheckpointConfig(num_to_keep=1)))
     grid = tuner.fit()
     for result in grid:  # the job folders of trials stopped while paused (those run on this node)

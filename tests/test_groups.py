@@ -31,7 +31,7 @@ def _job_metrics(ray, job_id: str) -> dict[str, dict[tuple, float]]:
                                       timeout=10).read().decode()
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
-                if sample.name.startswith("ray_chorus_") and sample.labels.get("job") == job_id:
+                if sample.name.startswith("ray_chorus_") and sample.labels.get("chorus_job") == job_id:
                     labels = tuple(sorted((k, v) for k, v in sample.labels.items()
                                           if k in ("learner", "split", "group", "le")))
                     by_labels = series.setdefault(sample.name, {})
@@ -173,7 +173,7 @@ def test_two_learner_job_trains_and_leaves_nothing_behind(ray_session, corpus, t
         time.sleep(0.5)
     assert set(samples) == {(("learner", "0"),), (("learner", "1"),)} and min(samples.values()) > 0
     assert sum(samples.values()) == summary["samples"]
-    assert prometheus_names() <= set(series), prometheus_names() - set(series)
+    assert prometheus_names("chorus_job") <= set(series), prometheus_names("chorus_job") - set(series)
     assert series["ray_chorus_learners"] == {(("group", kind),): 2.0}
     assert series["ray_chorus_wer"] == {(("split", "dev"),): pytest.approx(records[-1]["dev_wer"], abs=0.01)}
     if slowdown:  # the slowed learner's steps take about 3x as long (each step sleeps 2x its compute);
