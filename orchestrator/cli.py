@@ -1,8 +1,9 @@
 """The `chorus` command: `synth` a corpus, `train` a job spec, `sweep` a sweep spec, `eval` a
-checkpoint."""
+checkpoint; `submit` a spec to a Ray cluster and follow it with `jobs`; `dashboards install`."""
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import signal
@@ -19,7 +20,7 @@ def _fail_on_spec_error(fn):
         try:
             return fn(*args, **kwargs)
         except SpecError as exc:
-            raise click.ClickException(f"invalid spec\n{exc}") from None
+            raise click.ClickException(f"invalid spec: {exc}") from None
     wrapper.__name__, wrapper.__doc__ = fn.__name__, fn.__doc__
     return wrapper
 
@@ -161,6 +162,173 @@ def evaluate(checkpoint, data):
     click.echo(f"{data}: WER {result['wer']:.2f}% over {result['utterances']} utterances "
                f"({result['skipped']} skipped)")
     click.echo(json.dumps({"data": str(data), **result}))
+
+
+def _pairs(values: tuple[str, ...], what: str, cast=str) -> dict:
+    pairs = {}
+    for value in values:
+        key, sep, item = value.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{value!r}: expected NAME=VALUE", param_hint=what)
+        try:
+            pairs[key] = cast(item)
+        except ValueError:
+            raise click.BadParameter(f"{value!r}: {item!r} is not a number", param_hint=what) from None
+    return pairs
+
+
+def _on_submit_error(fn):
+    @functools.wraps(fn)  # keeps click's parameters too
+    def wrapper(*args, **kwargs):
+        from orchestrator.submit import SubmitError
+
+        try:
+            return fn(*args, **kwargs)
+        except SubmitError as exc:
+            raise click.ClickException(str(exc)) from None
+    return wrapper
+
+
+def _address(fn):
+    from orchestrator.submit import DEFAULT_ADDRESS
+
+    return click.option("--address", envvar="RAY_API_SERVER_ADDRESS", default=DEFAULT_ADDRESS, show_default=True,
+                        help="The Ray dashboard of the cluster (env: RAY_API_SERVER_ADDRESS).")(fn)
+
+
+def _follow(cluster, job_id: str) -> None:
+    """Print the job's logs until it ends; exit 0 when it SUCCEEDED, 1 otherwise, 130 on Ctrl-C."""
+    try:
+        status = cluster.follow(job_id, lambda lines: click.echo(lines, nl=False))
+    except KeyboardInterrupt:
+        click.echo(f"chorus: stopped following; {job_id} goes on (`chorus jobs stop {job_id}` stops it)", err=True)
+        sys.exit(130)
+    click.echo(f"chorus: {job_id} {status}", err=True)
+    sys.exit(0 if status == "SUCCEEDED" else 1)
+
+
+@main.command()
+@click.argument("spec_path", metavar="SPEC", type=click.Path(path_type=Path))
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a spec key.")
+@_address
+@click.option("--out", default=None, help="Output folder on the cluster, e.g. on shared storage "
+              "[default: runs/<name> in the job's working dir].")
+@click.option("--working-dir", type=click.Path(file_okay=False, exists=True, path_type=Path), default=None,
+              help="The folder uploaded as the job's working dir; SPEC must be inside it "
+              "[default: this Chorus checkout].")
+@click.option("--env", "env", multiple=True, metavar="KEY=VALUE", help="An environment variable of the job.")
+@click.option("--cpus", type=float, default=1.0, show_default=True, help="CPUs held by the job's driver.")
+@click.option("--gpus", type=float, default=0.0, show_default=True, help="GPUs held by the job's driver.")
+@click.option("--resource", "resources", multiple=True, metavar="NAME=AMOUNT",
+              help="A custom resource the job's driver holds, e.g. head=1.")
+@click.option("--follow", is_flag=True, help="Print the job's logs until it ends; exit 0 only if it SUCCEEDED.")
+@_fail_on_spec_error
+@_on_submit_error
+def submit(spec_path, overrides, address, out, working_dir, env, cpus, gpus, resources, follow):
+    """Submit the job or sweep SPEC to a Ray cluster (Ray Jobs); prints its submission id."""
+    from orchestrator.submit import Cluster, validate
+
+    kind, name = validate(spec_path, list(overrides))  # before connecting: a bad spec goes nowhere
+    cluster = Cluster(address)
+    job_id = cluster.submit(spec_path, list(overrides), out=out, working_dir=working_dir,
+                            env=_pairs(env, "--env"), cpus=cpus, gpus=gpus,
+                            resources=_pairs(resources, "--resource", float))
+    click.echo(f"chorus: submitted {kind} {name} to {cluster.address}", err=True)
+    click.echo(job_id)
+    if follow:
+        _follow(cluster, job_id)
+
+
+@main.group()
+def jobs():
+    """The jobs of a Ray cluster: list, status, logs, stop."""
+
+
+@jobs.command("list")
+@_address
+@_on_submit_error
+def jobs_list(address):
+    """Every job of the cluster, oldest first."""
+    import datetime
+
+    from orchestrator.submit import Cluster
+
+    listed = Cluster(address).list()
+    click.echo(f"{'SUBMISSION ID':44} {'STATUS':10} {'KIND':6} {'SPEC':16} STARTED")
+    for job in listed:
+        meta = job.metadata or {}
+        started = datetime.datetime.fromtimestamp(job.start_time / 1000).isoformat(" ", "seconds") \
+            if job.start_time else "-"
+        click.echo(f"{job.submission_id or job.job_id or '-':44} {job.status.value:10} "
+                   f"{meta.get('chorus_kind', '-'):6} {meta.get('chorus_spec', '-'):16} {started}")
+
+
+def _job_command(name: str):
+    """A `chorus jobs NAME ID` command: the job's id, the cluster's address, errors in one line."""
+    def decorate(fn):
+        return jobs.command(name)(click.argument("job_id", metavar="ID")(_address(_on_submit_error(fn))))
+    return decorate
+
+
+@_job_command("status")
+def jobs_status(job_id, address):
+    """The status of job ID (its message when it failed) and its metadata as JSON."""
+    from orchestrator.submit import Cluster
+
+    info = Cluster(address).info(job_id)
+    click.echo(f"{job_id}: {info.status.value}" + (f" ({info.message})" if info.message else ""))
+    click.echo(json.dumps({"submission_id": job_id, "status": info.status.value, "message": info.message,
+                           "entrypoint": info.entrypoint, "metadata": info.metadata,
+                           "start_time": info.start_time, "end_time": info.end_time}))
+
+
+@_job_command("logs")
+@click.option("--follow", is_flag=True, help="Keep printing until the job ends.")
+def jobs_logs(job_id, address, follow):
+    """The logs of job ID."""
+    from orchestrator.submit import Cluster
+
+    cluster = Cluster(address)
+    if follow:
+        _follow(cluster, job_id)
+    click.echo(cluster.logs(job_id), nl=False)
+
+
+@_job_command("stop")
+def jobs_stop(job_id, address):
+    """Stop job ID (its learners and placement groups go with its driver)."""
+    from orchestrator.submit import Cluster
+
+    stopped = Cluster(address).stop(job_id)
+    click.echo(f"{job_id}: {'stopping' if stopped else 'had already ended'}")
+
+
+@main.group()
+def dashboards():
+    """Chorus's Grafana dashboard."""
+
+
+@dashboards.command("install")
+@click.option("--session-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="The Ray session folder of the head node [default: /tmp/ray/session_latest].")
+def dashboards_install(session_dir):
+    """Put dashboards/chorus.json where the Grafana provisioning Ray generated for the session loads it
+    (run it on the head node after each `ray start --head`: Ray regenerates that folder)."""
+    from orchestrator.dashboards import DEFAULT_SESSION, DashboardError, install
+
+    session = (session_dir or DEFAULT_SESSION).resolve()
+    try:
+        path = install(session)
+    except DashboardError as exc:
+        raise click.ClickException(str(exc)) from None
+    metrics = session / "metrics"
+    click.echo(f"chorus: installed the Chorus dashboard as {path}\n"
+               f"  Prometheus: prometheus --config.file={metrics}/prometheus/prometheus.yml\n"
+               f"  Grafana:    grafana-server --homepath /usr/share/grafana "
+               f"--config {metrics}/grafana/grafana.ini web\n"
+               "  So that Ray's dashboard embeds Grafana's panels, start the head with both hosts set, e.g.\n"
+               "    RAY_GRAFANA_HOST=http://127.0.0.1:3000 RAY_PROMETHEUS_HOST=http://127.0.0.1:9090 ray start --head\n"
+               "  (the addresses at which the head node reaches Grafana and Prometheus).")
 
 
 if __name__ == "__main__":

@@ -114,14 +114,14 @@ class SweepSpec(BaseModel):
         rung = sum(1 for r in self.budget.rungs() if r <= epochs_done)
         return self.learners_per_rung[min(rung, len(self.learners_per_rung) - 1)]
 
-    def trial_spec(self, config: dict, learners: int, name: str) -> JobSpec:
+    def trial_spec(self, config: dict, learners: int, name: str, check_paths: bool = True) -> JobSpec:
         """The job spec of one trial: the job, the config's parameters, `learners` learners and
         the sweep's maximum budget (evaluated once per epoch, no wall limit)."""
         trial = [f"learners={learners}", f"cpus_per_learner={self.learner_cpus}",
                  f"budget.epochs={self.budget.max}", "budget.wall_seconds=null",
                  "budget.eval_every_epochs=1", "budget.eval_every_seconds=null", f"name={name}"]
         raw = yaml.safe_load(yaml.safe_dump(self.job))
-        return parse_spec(raw, f"trial {name}", self.space.overrides(config) + trial)
+        return parse_spec(raw, f"trial {name}", self.space.overrides(config) + trial, check_paths=check_paths)
 
 
 def _read_yaml(path: Path, what: str) -> Any:
@@ -141,8 +141,9 @@ def _absolute_data(job: JobSpec) -> dict:
     return raw
 
 
-def load_sweep(path: str | Path, overrides: list[str] = ()) -> SweepSpec:
-    """Read, resolve and check a sweep spec; a `SpecError` names the file and the key."""
+def load_sweep(path: str | Path, overrides: list[str] = (), check_paths: bool = True) -> SweepSpec:
+    """Read, resolve and check a sweep spec; a `SpecError` names the file and the key. With
+    `check_paths=False` the job's data paths need not exist here (`chorus submit`)."""
     path = Path(path)
     raw = _read_yaml(path, "sweep spec")
     if not isinstance(raw, dict):
@@ -162,15 +163,15 @@ def load_sweep(path: str | Path, overrides: list[str] = ()) -> SweepSpec:
         job_raw, job_where = _read_yaml(job_path, "job spec"), f"{path}: job ({job_path})"
     if not isinstance(job_raw, dict):
         raise SpecError(f"{job_where}: a job spec (mapping) or the path of one, got {type(job_raw).__name__}")
-    job = parse_spec(job_raw, job_where, job_sets)
-    raw["job"] = _absolute_data(job)
+    job = parse_spec(job_raw, job_where, job_sets, check_paths=check_paths)
+    raw["job"] = _absolute_data(job) if check_paths else job.model_dump(mode="json")
     if "method" in raw and raw["method"] not in METHODS:
         raise SpecError(f"{path}: method: unknown method {raw['method']!r} (one of: {', '.join(METHODS)})")
     if isinstance(raw.get("space"), dict) and not raw["space"]:
         raise SpecError(f"{path}: space: empty; name at least one parameter, e.g. optim.lr: "
                         "{type: float, low: 1.0e-4, high: 1.0e-2, log: true}")
     sweep = parse_spec(raw, str(path), model=SweepSpec)
-    _check(sweep, path, job)
+    _check(sweep, path, job, check_paths)
     return sweep
 
 
@@ -198,14 +199,14 @@ def _set_space(raw: dict, overrides: list[str], path: Path) -> None:
             space[key.strip()] = parsed
 
 
-def _check(sweep: SweepSpec, path: Path, job: JobSpec) -> None:
+def _check(sweep: SweepSpec, path: Path, job: JobSpec, check_paths: bool) -> None:
     if sweep.metric not in METRICS:
         raise SpecError(f"{path}: metric: {sweep.metric!r} is not reported by trials (one of: {', '.join(METRICS)})")
     if sweep.metric.startswith("dev_") and job.data.dev is None:
         raise SpecError(f"{path}: metric: {sweep.metric} needs the job's data.dev, which is not set")
     for corner, config in zip(("low", "high"), sweep.space.corners(), strict=True):
         try:
-            sweep.trial_spec(config, sweep.learners, "check")
+            sweep.trial_spec(config, sweep.learners, "check", check_paths)
         except SpecError as exc:
             detail = str(exc).replace("trial check: ", "parameter ").replace(" (from --set)", "")
             raise SpecError(f"{path}: space: the job spec with every parameter at its {corner} end "

@@ -246,7 +246,7 @@ def test_a_sweep_killed_mid_run_resumes_without_repeating_finished_trials(ray_cl
                       timeout=400)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     summary = json.loads(resumed.stdout.strip().splitlines()[-1])
-    assert summary["trials"] == 3 and summary["trials_by_outcome"] == {"finished": 3}, summary
+    assert summary["trials"] == 3 and summary["trials_by_outcome"] == {"finished": 3}, summary["first_error"]
     assert {t: _progress_rows(out / "tune", t) for t in finished} == rows_before  # not run again
     assert set(_trial_states(out / "tune")) == set(states)  # the same trials, none added
     rows = (out / "results.csv").read_text().splitlines()

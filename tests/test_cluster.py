@@ -1,0 +1,218 @@
+"""Chorus against a real Ray head node (`tests/head_node.py`: `ray start --head` on loopback with
+token authentication): `chorus submit` of a job and of a sweep through Ray Jobs, `chorus jobs`,
+the errors a user meets (no token, a wrong token, an unknown job, an invalid spec), and the
+Grafana dashboard's every panel query answered by Debian's Prometheus scraping that cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from orchestrator.dashboards import DASHBOARD, panel_queries
+from orchestrator.local_head import BIN, HeadNode, free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+CHORUS = str(BIN / "chorus")
+SMALL_MODEL = ["model.subsample_channels=8", "model.d_model=32", "model.hidden=32", "model.layers=1"]
+
+
+def _data(corpus, prefix: str = "") -> list[str]:
+    return [f"{prefix}data.{split.replace('-', '_')}={corpus / f'{split}.jsonl'}"
+            for split in ("train", "dev", "test", "test-unseen")]
+
+
+def _sets(pairs: list[str]) -> list[str]:
+    return [arg for pair in pairs for arg in ("--set", pair)]
+
+
+def chorus(*args, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([CHORUS, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                          env=env or os.environ.copy())
+
+
+@pytest.fixture(scope="module")
+def head():
+    node = HeadNode(cpus=4, token=True)
+    yield node
+    node.stop()
+    assert node.pids() == [], "the head node's processes outlived it"
+
+
+@pytest.fixture(scope="module")
+def prometheus(head, tmp_path_factory):
+    """Debian's Prometheus on Ray's generated scrape config of the head's session, or None when
+    the `prometheus` binary is missing (the project's test setup installs it)."""
+    binary = shutil.which("prometheus")
+    if binary is None:
+        yield None
+        return
+    config = head.session_dir / "metrics" / "prometheus" / "prometheus.yml"
+    deadline = time.monotonic() + 60
+    while not config.is_file() and time.monotonic() < deadline:  # Ray's dashboard writes it once it is up
+        time.sleep(0.5)
+    port = free_port()
+    store = tmp_path_factory.mktemp("prometheus")
+    proc = subprocess.Popen([binary, f"--config.file={config}", f"--storage.tsdb.path={store}",
+                             f"--web.listen-address=127.0.0.1:{port}"], stdout=subprocess.DEVNULL,
+                            stderr=open(store / "prometheus.log", "w"))
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(f"{url}/-/ready", timeout=2)
+            break
+        except OSError:
+            time.sleep(0.5)
+    yield {"url": url, "config": config, "started": time.time()}
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def submitted(head, prometheus, corpus, tmp_path_factory):
+    """A 2-learner gossip job and a 2-trial sweep, each submitted with `chorus submit --follow`
+    (with the head's token), one after the other: {"job": ..., "sweep": ...} CompletedProcesses."""
+    env = {**head.env, "RAY_AUTH_MODE": "disabled"}  # the client finds the token whatever the mode says
+    out = tmp_path_factory.mktemp("submitted")  # "shared storage": the cluster's working dir is temporary
+    job = chorus("submit", "jobs/configs/tiny.yaml", "--address", head.address, "--follow", "--out", str(out / "job"),
+                 *_sets(_data(corpus) + SMALL_MODEL + ["learners=2", "group.kind=gossip", "budget.epochs=2",
+                                                       "data.max_batch_seconds=20", "optim.warmup_steps=5"]), env=env)
+    sweep = chorus("submit", "search/configs/bohb_tiny.yaml", "--address", head.address, "--follow",
+                   "--out", str(out / "sweep"),
+                   *_sets(_data(corpus, "job.") + [f"job.{s}" for s in SMALL_MODEL] + [
+                       "method=random", "trials=2", "budget.max=1", "budget.min=1", "learners=1",
+                       "driver_cpus=0.5", "cpus_per_learner=0.5", "job.data.max_batch_seconds=20"]), env=env)
+    return {"job": job, "sweep": sweep, "env": env, "out": out}
+
+
+def _summary(stdout: str) -> dict:
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
+    assert lines, f"no summary JSON in the job's logs:\n{stdout[-3000:]}"
+    return json.loads(lines[-1])
+
+
+def test_submit_a_job_follow_it_to_success_and_find_its_summary_in_its_logs(head, submitted, corpus):
+    job = submitted["job"]
+    assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
+    job_id = job.stdout.splitlines()[0]
+    assert job_id.startswith("chorus-job-tiny-")
+    assert f"{job_id} SUCCEEDED" in job.stderr
+    summary = _summary(job.stdout)
+    assert summary["learners"] == 2 and summary["group"] == "gossip" and summary["epochs"] > 0
+    assert 0 <= summary["wer_test"] <= 100
+    assert json.loads((submitted["out"] / "job" / "summary.json").read_text()) == summary
+
+    # the same through `chorus jobs`: logs, status (with the job's metadata), list
+    logs = chorus("jobs", "logs", job_id, "--address", head.address, env=submitted["env"])
+    assert logs.returncode == 0 and _summary(logs.stdout) == summary
+    status = chorus("jobs", "status", job_id, "--address", head.address, env=submitted["env"])
+    info = json.loads(status.stdout.splitlines()[-1])
+    assert info["status"] == "SUCCEEDED"
+    assert info["metadata"] == {"job_name": "tiny (job)", "chorus_kind": "job", "chorus_spec": "tiny",
+                                "chorus_spec_file": "jobs/configs/tiny.yaml"}
+    listed = chorus("jobs", "list", "--address", head.address, env=submitted["env"])
+    row = next(line for line in listed.stdout.splitlines() if line.startswith(job_id))
+    assert row.split()[1:4] == ["SUCCEEDED", "job", "tiny"]
+
+    # the project went up as the working dir, without what .gitignore excludes
+    packages = [p for p in (head.session_dir / "runtime_resources" / "working_dir_files").iterdir() if p.is_dir()]
+    assert any((p / "orchestrator" / "cli.py").is_file() for p in packages), [list(p.iterdir()) for p in packages]
+    uploaded = {q.relative_to(p).parts[0] for p in packages for q in p.iterdir()}
+    assert not uploaded & {".venv", "data", "runs", ".git", "chorus.egg-info"}, uploaded
+
+
+def test_submit_a_sweep(submitted):
+    sweep = submitted["sweep"]
+    assert sweep.returncode == 0, sweep.stdout[-3000:] + sweep.stderr[-3000:]
+    assert sweep.stdout.splitlines()[0].startswith("chorus-sweep-bohb_tiny-")
+    summary = _summary(sweep.stdout)
+    assert summary["trials"] == 2 and summary["best_metric"] is not None
+    assert (submitted["out"] / "sweep" / "sweep_summary.json").is_file()
+
+
+def test_errors_are_one_clear_line(head, tmp_path, corpus):
+    home = tmp_path / "home"
+    home.mkdir()
+    bare = {k: v for k, v in head.env.items() if not k.startswith("RAY_AUTH_TOKEN")} | {"HOME": str(home)}
+    spec_args = ["jobs/configs/tiny.yaml", "--address", head.address, *_sets(_data(corpus))]
+
+    no_token = chorus("submit", *spec_args, env=bare)
+    assert no_token.returncode == 1 and "Traceback" not in no_token.stderr
+    assert f"the cluster at {head.address} requires a token" in no_token.stderr
+    assert "ray get-auth-token" in no_token.stderr and "RAY_AUTH_TOKEN" in no_token.stderr
+    assert chorus("jobs", "list", "--address", head.address, env=bare).stderr == no_token.stderr
+
+    wrong = chorus("submit", *spec_args, env=bare | {"RAY_AUTH_TOKEN": "0" * 32})
+    assert wrong.returncode == 1 and "Traceback" not in wrong.stderr
+    assert "refused the token from RAY_AUTH_TOKEN" in wrong.stderr
+
+    with_token = bare | {"RAY_AUTH_TOKEN_PATH": str(head.token_file)}
+    unknown = chorus("jobs", "status", "chorus-job-nope", "--address", head.address, env=with_token)
+    assert unknown.returncode == 1 and unknown.stderr.strip() == (
+        f"Error: no job chorus-job-nope on the cluster at {head.address} (`chorus jobs list` shows its jobs)")
+
+    unreachable = chorus("jobs", "list", "--address", f"http://127.0.0.1:{free_port()}", env=with_token)
+    assert unreachable.returncode == 1 and unreachable.stderr.startswith("Error: cannot reach Ray's dashboard")
+    assert len(unreachable.stderr.strip().splitlines()) == 1
+
+    # an invalid spec is rejected before any connection: even an unreachable cluster is not tried
+    invalid = chorus("submit", "jobs/configs/tiny.yaml", "--address", f"http://127.0.0.1:{free_port()}",
+                     "--set", "model.hiden=3", env=with_token)
+    assert invalid.returncode == 1 and invalid.stderr.strip() == (
+        "Error: invalid spec: jobs/configs/tiny.yaml: model.hiden (from --set): unknown key")
+
+
+def test_submit_checks_the_spec_here_but_not_the_clusters_data_paths():
+    from orchestrator.config import SpecError
+    from orchestrator.submit import validate
+
+    elsewhere = [f"data.{s}=/cluster/shared/{s}.jsonl" for s in ("train", "dev", "test", "test_unseen")]
+    assert validate(ROOT / "jobs/configs/tiny.yaml", elsewhere) == ("job", "tiny")
+    assert validate(ROOT / "search/configs/bohb_tiny.yaml", [f"job.{s}" for s in elsewhere]) == ("sweep", "bohb_tiny")
+    with pytest.raises(SpecError, match="method: unknown method 'bohbb'"):
+        validate(ROOT / "search/configs/bohb_tiny.yaml", [f"job.{s}" for s in elsewhere] + ["method=bohbb"])
+
+
+def _query_range(url: str, expr: str, start: float, end: float) -> list:
+    params = urllib.parse.urlencode({"query": expr, "start": start, "end": end, "step": 5})
+    reply = json.loads(urllib.request.urlopen(f"{url}/api/v1/query_range?{params}", timeout=30).read())
+    assert reply["status"] == "success", reply
+    return reply["data"]["result"]
+
+
+def _as_grafana_would(expr: str) -> str:
+    """The expression with the dashboard's variables at their defaults (All, a 1m window)."""
+    return (expr.replace("$SessionName", ".*").replace("$ChorusJob", ".*").replace("$Sweep", ".*")
+            .replace("$window", "1m"))
+
+
+def test_every_dashboard_panel_query_returns_data_from_prometheus(head, prometheus, submitted, tmp_path):
+    if prometheus is None:
+        pytest.skip("Debian's `prometheus` is not installed (make test installs it with apt-get; it could not here)")
+    assert submitted["job"].returncode == 0 and submitted["sweep"].returncode == 0
+    queries = panel_queries()
+    assert len(queries) >= 12
+    # over the runs' time, as Grafana asks; Prometheus scrapes every 10 s (Ray's config), so the
+    # last values of the sweep may need one more scrape
+    deadline, missing = time.monotonic() + 40, queries
+    while missing and time.monotonic() < deadline:
+        missing = [(title, expr) for title, expr in missing
+                   if not _query_range(prometheus["url"], _as_grafana_would(expr), prometheus["started"], time.time())]
+        if missing:
+            time.sleep(2)
+    assert not missing, f"panels without data: {missing}"
+
+    # `chorus dashboards install` puts it where the session's Grafana provisioning loads dashboards
+    installed = chorus("dashboards", "install", "--session-dir", str(head.session_dir))
+    assert installed.returncode == 0, installed.stderr
+    copy = head.session_dir / "metrics" / "grafana" / "dashboards" / "chorus_grafana_dashboard.json"
+    assert f"as {copy}" in installed.stdout and "RAY_GRAFANA_HOST" in installed.stdout
+    assert json.loads(copy.read_text()) == json.loads(DASHBOARD.read_text())
