@@ -1,0 +1,52 @@
+"""cluster.yaml, the Ray cluster-launcher config, against Ray's own schema and what Chorus needs
+of it: a head and two GPU worker types of different generations, each with its own custom
+resource and accelerator label; setup that installs Chorus; a dashboard reachable only by SSH."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import ray
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _config() -> dict:
+    return yaml.safe_load((ROOT / "cluster.yaml").read_text())
+
+
+def test_cluster_yaml_is_valid_against_rays_schema():
+    schema = json.loads((Path(ray.__file__).parent / "autoscaler" / "ray-schema.json").read_text())
+    jsonschema.validate(_config(), schema)  # raises, naming the key, when it is not
+
+
+def test_rays_schema_catches_a_broken_cluster_yaml():  # the check above can fail
+    schema = json.loads((Path(ray.__file__).parent / "autoscaler" / "ray-schema.json").read_text())
+    broken = _config()
+    broken["available_node_types"]["gpu_v100"]["resources"] = {"V100": "eight"}
+    try:
+        jsonschema.validate(broken, schema)
+    except jsonschema.ValidationError as exc:
+        assert "eight" in str(exc)
+    else:
+        raise AssertionError("a non-integer resource passed Ray's schema")
+
+
+def test_two_gpu_generations_a_head_and_the_setup_chorus_needs():
+    config = _config()
+    types = config["available_node_types"]
+    assert types[config["head_node_type"]]["resources"] == {}  # no learners on the head
+    workers = {name: t for name, t in types.items() if name != config["head_node_type"]}
+    assert len(workers) == 2
+    generations = {t["labels"]["chorus-accelerator"] for t in workers.values()}
+    assert len(generations) == 2
+    for t in workers.values():
+        assert set(t["resources"]) == {t["labels"]["chorus-accelerator"]}  # its own custom resource
+        assert 0 <= t["min_workers"] <= t["max_workers"] <= config["max_workers"]
+    setup = " ".join(config["setup_commands"])
+    assert "pip install" in setup and "~/chorus" in setup and config["file_mounts"]["~/chorus"] == "."
+    head_start = " ".join(config["head_start_ray_commands"])
+    assert "--dashboard-host=127.0.0.1" in head_start and "RAY_AUTH_MODE=token" in head_start
