@@ -7,8 +7,10 @@ bundle per learner, which the job places its learner actors in (`placement.Bundl
 concurrent trials never hold more than the cluster has, and a trial never waits for learners
 that another trial holds.
 
-The job writes to a scratch folder (`trial_scratch`), removed when the trial finishes (and by
-the sweep, on its own node, for trials that Hyperband stopped). Each evaluation (one per epoch)
+The job writes to a scratch folder (`trial_scratch`), one per start of the trial (so the
+process of an earlier start that is still dying, e.g. after its sweep's driver was killed,
+never touches the files of the new one), removed when the trial finishes (and by the sweep, on
+its own node, for trials that Hyperband stopped). Each evaluation (one per epoch)
 is reported to Tune with that folder as the checkpoint (`checkpoint.pt` with every learner's
 state, the curve, `trial.json`); a paused trial resumes from it with `TrainingJob(resume=True)`,
 with as many learners as its placement group now has (rung-aware scaling). The last epoch is
@@ -21,6 +23,7 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
+import uuid
 from pathlib import Path
 
 
@@ -35,10 +38,21 @@ def trial_resources(sweep, learners: int, use_gpus: bool):
 
 
 def trial_scratch(trial_name: str) -> Path:
-    """The job folder of a running trial, on the node it runs on. Not in Tune's trial folder:
-    Tune copies that folder to the sweep's storage, and what matters of the job is in its
-    checkpoints already."""
+    """The folder of a trial's job folders (one per start), on the node it runs on. Not in
+    Tune's trial folder: Tune copies that folder to the sweep's storage, and what matters of the
+    job is in its checkpoints already."""
     return Path(tempfile.gettempdir()) / "chorus-trials" / trial_name
+
+
+def _new_start_folder(trial_name: str) -> Path:
+    """A fresh job folder for this start; earlier starts' folders go (what matters of them is
+    in the checkpoint this start resumes from)."""
+    trial = trial_scratch(trial_name)
+    for earlier in trial.glob("start-*"):
+        shutil.rmtree(earlier, ignore_errors=True)
+    out = trial / f"start-{uuid.uuid4().hex[:12]}"
+    out.mkdir(parents=True)
+    return out
 
 
 def run_trial(config: dict, sweep_raw: dict) -> None:
@@ -53,9 +67,8 @@ def run_trial(config: dict, sweep_raw: dict) -> None:
     context = tune.get_context()
     pool = BundlePool.of_current_trial()
     learners = len(pool.indices)
-    out = trial_scratch(Path(context.get_trial_dir()).name)
-    shutil.rmtree(out, ignore_errors=True)  # an earlier start's folder: what matters is in its checkpoint
-    out.mkdir(parents=True)
+    trial_name = Path(context.get_trial_dir()).name
+    out = _new_start_folder(trial_name)
     checkpoint = tune.get_checkpoint()
     if checkpoint is not None:
         checkpoint.to_directory(str(out))
@@ -88,3 +101,7 @@ def run_trial(config: dict, sweep_raw: dict) -> None:
                   "finished": True})
     tune.report(final, checkpoint=tune.Checkpoint.from_directory(str(out)))
     shutil.rmtree(out, ignore_errors=True)  # persisted as the checkpoint: the working copy can go
+    try:
+        out.parent.rmdir()  # only when empty: another start's folder is its own
+    except OSError:
+        pass
