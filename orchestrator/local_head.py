@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -39,7 +40,8 @@ class HeadNode:
             self.env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(self.token_file))
         self.dashboard_port = free_port()
         self.address = f"http://127.0.0.1:{self.dashboard_port}"
-        command = [str(BIN / "ray"), "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(free_port()),
+        self.gcs_port = free_port()
+        command = [str(BIN / "ray"), "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(self.gcs_port),
                    "--dashboard-host", "127.0.0.1", "--dashboard-port", str(self.dashboard_port),
                    "--include-dashboard", "true", "--ray-client-server-port", str(free_port()),
                    "--num-cpus", str(cpus), "--temp-dir", str(self.temp_dir), "--disable-usage-stats",
@@ -54,8 +56,9 @@ class HeadNode:
         return (self.temp_dir / "session_latest").resolve()
 
     def pids(self) -> list[int]:
-        """The head's processes: those started with its temp dir in their command line, and all
-        their descendants (workers, job drivers)."""
+        """The head's processes: those started with its temp dir or its GCS address in their
+        command line (a daemon of `ray start` that names no folder, such as Ray
+        Client's server, has only the latter), and all their descendants (workers, job drivers)."""
         parent, cmdline = {}, {}
         for entry in Path("/proc").iterdir():
             if not entry.name.isdigit():
@@ -70,7 +73,8 @@ class HeadNode:
         while pid > 1 and pid not in mine:
             mine.add(pid)
             pid = parent.get(pid, 1)
-        found = {pid for pid, line in cmdline.items() if str(self.temp_dir) in line} - mine
+        gcs = re.compile(rf"address=[^\s\x00]*:{self.gcs_port}(?![0-9])")
+        found = {pid for pid, line in cmdline.items() if str(self.temp_dir) in line or gcs.search(line)} - mine
         grew = True
         while grew:
             children = {pid for pid, ppid in parent.items() if ppid in found} - found - mine
