@@ -226,13 +226,12 @@ def _follow(cluster, job_id: str) -> None:
 @_on_submit_error
 def submit(spec_path, overrides, address, out, working_dir, env, cpus, gpus, resources, follow):
     """Submit the job or sweep SPEC to a Ray cluster (Ray Jobs); prints its submission id."""
-    from orchestrator.submit import Cluster, validate
+    from orchestrator.submit import Cluster
 
-    kind, name = validate(spec_path, list(overrides))  # before connecting: a bad spec goes nowhere
     cluster = Cluster(address)
-    job_id = cluster.submit(spec_path, list(overrides), out=out, working_dir=working_dir,
-                            env=_pairs(env, "--env"), cpus=cpus, gpus=gpus,
-                            resources=_pairs(resources, "--resource", float))
+    kind, name, job_id = cluster.submit(spec_path, list(overrides), out=out, working_dir=working_dir,
+                                        env=_pairs(env, "--env"), cpus=cpus, gpus=gpus,
+                                        resources=_pairs(resources, "--resource", float))
     click.echo(f"chorus: submitted {kind} {name} to {cluster.address}", err=True)
     click.echo(job_id)
     if follow:

@@ -12,7 +12,9 @@ message is one line that says what to do.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import os
 import shlex
 import uuid
 from pathlib import Path
@@ -36,8 +38,6 @@ class SubmitError(RuntimeError):
 def find_token() -> tuple[str | None, str]:
     """(the Ray token, where it came from) as Ray looks for it, whatever RAY_AUTH_MODE says here;
     (None, "") when there is none."""
-    import os
-
     from ray._raylet import AuthenticationTokenLoader
 
     loader = AuthenticationTokenLoader.instance()
@@ -50,13 +50,19 @@ def find_token() -> tuple[str | None, str]:
 
 
 class Cluster:
-    """The Ray Jobs API of one cluster. Args: address (the dashboard's, e.g. http://HEAD:8265)."""
+    """The Ray Jobs API of one cluster. Args: address (the dashboard's, e.g. http://HEAD:8265).
+    Nothing connects before the first request (`submit` checks its spec first)."""
 
     def __init__(self, address: str | None = None):
         self.address = address or DEFAULT_ADDRESS
-        token, self.token_from = find_token()
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.client = self._call(lambda: _client(self.address, headers))
+        self._token, self.token_from = find_token()
+
+    @functools.cached_property
+    def client(self):
+        from ray.job_submission import JobSubmissionClient
+
+        headers = {"Authorization": f"Bearer {self._token}"} if self._token else {}
+        return self._call(lambda: JobSubmissionClient(self.address, headers=headers))
 
     def _call(self, fn, job_id: str | None = None):
         """fn(), with Ray's errors made into one-line SubmitErrors."""
@@ -65,6 +71,8 @@ class Cluster:
 
         try:
             return fn()
+        except SubmitError:  # already one line (the client's own connection, made on first use)
+            raise
         except AuthenticationError as exc:
             if "Authentication failed" in str(exc) and self.token_from:
                 raise SubmitError(WRONG_TOKEN.format(address=self.address, where=self.token_from)) from None
@@ -85,9 +93,9 @@ class Cluster:
 
     def submit(self, spec_path: Path, overrides: list[str], out: str | None = None,
                working_dir: Path | None = None, env: dict[str, str] | None = None, cpus: float = 1.0,
-               gpus: float = 0.0, resources: dict[str, float] | None = None) -> str:
-        """Submit the job or sweep spec at `spec_path` (checked by `validate` first: call it before
-        connecting to fail sooner); returns the submission id."""
+               gpus: float = 0.0, resources: dict[str, float] | None = None) -> tuple[str, str, str]:
+        """Submit the job or sweep spec at `spec_path`, checked by `validate` before anything
+        connects; returns (its kind, its name, the submission id)."""
         kind, name = validate(spec_path, overrides)
         root = (working_dir or PROJECT).resolve()
         try:
@@ -103,7 +111,7 @@ class Cluster:
         submission_id = f"chorus-{kind}-{name}-{uuid.uuid4().hex[:8]}"
         logging.getLogger("ray").setLevel(logging.WARNING)  # not a line per ignored file
         logging.getLogger("ray._private.runtime_env.working_dir").setLevel(logging.ERROR)  # ".venv is ignored"
-        return self._call(lambda: self.client.submit_job(
+        return kind, name, self._call(lambda: self.client.submit_job(
             entrypoint=shlex.join(command), submission_id=submission_id,
             runtime_env={"working_dir": str(root), "env_vars": dict(env or {})},
             metadata={"job_name": f"{name} ({kind})",  # the Name column of the dashboard's Jobs page
@@ -132,12 +140,6 @@ class Cluster:
 
         self._call(lambda: asyncio.run(tail()), job_id)
         return str(self.info(job_id).status.value)
-
-
-def _client(address: str, headers: dict):
-    from ray.job_submission import JobSubmissionClient
-
-    return JobSubmissionClient(address, headers=headers)
 
 
 def _first_line(exc: BaseException) -> str:

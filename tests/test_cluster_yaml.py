@@ -18,17 +18,19 @@ def _config() -> dict:
     return yaml.safe_load((ROOT / "cluster.yaml").read_text())
 
 
+def _schema() -> dict:
+    return json.loads((Path(ray.__file__).parent / "autoscaler" / "ray-schema.json").read_text())
+
+
 def test_cluster_yaml_is_valid_against_rays_schema():
-    schema = json.loads((Path(ray.__file__).parent / "autoscaler" / "ray-schema.json").read_text())
-    jsonschema.validate(_config(), schema)  # raises, naming the key, when it is not
+    jsonschema.validate(_config(), _schema())  # raises, naming the key, when it is not
 
 
 def test_rays_schema_catches_a_broken_cluster_yaml():  # the check above can fail
-    schema = json.loads((Path(ray.__file__).parent / "autoscaler" / "ray-schema.json").read_text())
     broken = _config()
     broken["available_node_types"]["gpu_v100"]["resources"] = {"V100": "eight"}
     try:
-        jsonschema.validate(broken, schema)
+        jsonschema.validate(broken, _schema())
     except jsonschema.ValidationError as exc:
         assert "eight" in str(exc)
     else:
