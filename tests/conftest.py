@@ -1,40 +1,72 @@
-"""Shared fixtures: one small synthetic corpus per session (real espeak-ng speech in a temp dir)."""
+"""Shared fixtures: one small synthetic corpus per session (real espeak-ng speech in a temp dir), the
+session's two-node Ray cluster, a private cluster for tests that add and remove nodes, and the
+check that every test leaves the cluster it used as it found it."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # explicit, as DESIGN.md asks
 
+# every node of a test cluster: metrics reach each node's exporter every second (default 10 s), and
+# a lost node is declared dead within ~3 s (Ray's defaults take ~30 s)
+SYSTEM_CONFIG = {"metrics_report_interval_ms": 1000, "health_check_period_ms": 1000,
+                 "health_check_failure_threshold": 3}
+LEFTOVER_GRACE_S = 15.0  # actors of a driver that just exited take Ray a moment to mark dead
+
+
+CHILD = "CHORUS_TEST_IN_OWN_PROCESS"  # set in the process that runs an `own_process` test
+CORPUS = "CHORUS_TEST_CORPUS"  # ... with the parent's corpus, so it is synthesized once
+
+
+def _session_corpus(config) -> Path:
+    """A 160-utterance corpus (train) with 20 each in dev, test and test-unseen, made once."""
+    if os.environ.get(CORPUS):
+        return Path(os.environ[CORPUS])
+    if not hasattr(config, "_chorus_corpus"):
+        from jobs.synth import synthesize
+
+        out = config._tmp_path_factory.mktemp("corpus")
+        synthesize(out, utterances=160, eval_utterances=20, seed=7, workers=2, progress=False)
+        config._chorus_corpus = out
+    return config._chorus_corpus
+
 
 @pytest.fixture(scope="session")
-def corpus(tmp_path_factory):
+def corpus(request):
     """A 160-utterance corpus (train) with 20 each in dev, test and test-unseen."""
-    from jobs.synth import synthesize
-
-    out = tmp_path_factory.mktemp("corpus")
-    synthesize(out, utterances=160, eval_utterances=20, seed=7, workers=2, progress=False)
-    return out
+    return _session_corpus(request.config)
 
 
-@pytest.fixture(scope="session")
-def ray_cluster():
-    """A two-node Ray cluster on this machine (ray.cluster_utils.Cluster), 2 CPUs per node, for
-    the whole session; the driver is connected to it. The worker node (`cluster.session_worker`)
-    also offers 2 `learner_slot`s, a custom resource that elastic tests ask learners to hold."""
+def _start_cluster(worker_resources: dict):
+    """A `ray.cluster_utils.Cluster`: a head (2 CPUs, no dashboard) and one worker (2 CPUs plus
+    `worker_resources`), the driver connected to it."""
     import ray
     from ray.cluster_utils import Cluster
 
     cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 2, "include_dashboard": False, "_system_config": {
-            "metrics_report_interval_ms": 1000,  # metrics reach each node's exporter every second (default 10 s)
-            # a lost node is declared dead within ~3 s (Ray's defaults take ~30 s)
-            "health_check_period_ms": 1000, "health_check_failure_threshold": 3}})
-    cluster.session_worker = cluster.add_node(num_cpus=2, resources={"learner_slot": 2})
+        "num_cpus": 2, "include_dashboard": False, "_system_config": SYSTEM_CONFIG})
+    cluster.session_worker = cluster.add_node(num_cpus=2, resources=worker_resources)
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, log_to_driver=False)
+    return cluster
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A two-node Ray cluster on this machine for the whole session, 2 CPUs per node; the driver is
+    connected to it. The worker node (`cluster.session_worker`) also offers 2 `learner_slot`s, a
+    custom resource that elastic tests ask learners to hold. Tests that add or remove nodes use
+    `private_cluster` instead."""
+    import ray
+
+    cluster = _start_cluster({"learner_slot": 2})
     yield cluster
     ray.shutdown()
     cluster.shutdown()
@@ -45,3 +77,112 @@ def ray_session(ray_cluster):
     import ray
 
     return ray
+
+
+@pytest.fixture
+def private_cluster():
+    """A cluster of the test's own, shaped like the session's, for tests that kill or add nodes.
+    Such tests are marked `own_process`: they run in a pytest process of their own, so neither
+    the session's cluster nor Ray's state in the session's process (one driver connecting to a
+    second cluster and back exports its metrics twice) is touched."""
+    import ray
+
+    assert os.environ.get(CHILD), "a test with a private cluster must be marked own_process"
+    cluster = _start_cluster({"learner_slot": 2})
+    try:
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Run a test marked `own_process` as `python -m pytest NODEID` in a child process (with this
+    session's corpus) and report its outcome here."""
+    if item.get_closest_marker("own_process") is None or os.environ.get(CHILD):
+        return None
+    from _pytest.reports import TestReport
+
+    item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+    env = {**os.environ, CHILD: "1", CORPUS: str(_session_corpus(item.config))}
+    started = time.time()
+    basetemp = item.config._tmp_path_factory.mktemp("own-process")  # inside ours: pytest prunes old ones
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--no-header",
+                           f"--basetemp={basetemp}", item.nodeid],
+                          env=env, capture_output=True, text=True, cwd=item.config.rootpath)
+    passed = proc.returncode == 0
+    for when in ("setup", "call", "teardown"):
+        report = TestReport(item.nodeid, item.location, {}, "passed" if passed or when != "call" else "failed",
+                            None if passed or when != "call" else f"in its own process:\n{proc.stdout[-8000:]}",
+                            when, duration=time.time() - started if when == "call" else 0.0)
+        item.ihook.pytest_runtest_logreport(report=report)
+    item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+    return True
+
+
+def cluster_state() -> dict[str, set]:
+    """What lives on the connected cluster now: actors (not dead), placement groups (not removed)
+    and nodes (alive), by id."""
+    import ray
+    from ray.util import placement_group_table
+
+    return {"actors": {a_id for a_id, a in ray._private.state.actors().items() if a["State"] != "DEAD"},
+            "placement groups": {g_id for g_id, g in placement_group_table().items() if g["state"] != "REMOVED"},
+            "nodes": {n["NodeID"] for n in ray.nodes() if n["Alive"]}}
+
+
+def _leftovers(before: dict[str, set]) -> dict[str, set]:
+    now = cluster_state()
+    return {kind: now[kind] - before[kind] for kind in now if now[kind] - before[kind]}
+
+
+def _remove(leftovers: dict[str, set], cluster) -> None:
+    import ray
+    from ray._private.worker import global_worker
+    from ray.util.placement_group import PlacementGroup, remove_placement_group
+
+    for actor_id in leftovers.get("actors", ()):
+        try:  # by id: the test's handle is gone, and the actor may have no name
+            global_worker.core_worker.kill_actor(ray.ActorID(bytes.fromhex(actor_id)), True)
+        except Exception:  # noqa: BLE001 - dead meanwhile
+            pass
+    for pg_id in leftovers.get("placement groups", ()):
+        try:
+            remove_placement_group(PlacementGroup(ray.PlacementGroupID(bytes.fromhex(pg_id))))
+        except Exception:  # noqa: BLE001 - removed meanwhile
+            pass
+    for node in list(cluster.worker_nodes):
+        if node.node_id in leftovers.get("nodes", ()):
+            cluster.remove_node(node, allow_graceful=False)
+
+
+@pytest.fixture(autouse=True)
+def leaves_the_cluster_as_found(request):
+    """For tests on the session's cluster: afterwards no actor, placement group or node that the
+    test made may remain. Leftovers are removed either way, so one failing test is one red test;
+    a test that passed but left something behind fails here."""
+    if "ray_cluster" not in request.fixturenames and "ray_session" not in request.fixturenames:
+        yield
+        return
+    cluster = request.getfixturevalue("ray_cluster")
+    before = cluster_state()
+    yield
+    deadline = time.time() + LEFTOVER_GRACE_S
+    leftovers = _leftovers(before)
+    while leftovers and time.time() < deadline:
+        time.sleep(0.5)
+        leftovers = _leftovers(before)
+    if leftovers:
+        _remove(leftovers, cluster)
+        report = getattr(request.node, "rep_call", None)
+        if report is not None and report.passed:
+            pytest.fail(f"the test left on the cluster: {leftovers}")
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    """Keep each phase's report on the test item (the cluster check reads whether the test passed)."""
+    report = yield
+    setattr(item, f"rep_{report.when}", report)
+    return report
