@@ -60,7 +60,8 @@ def run_one(corpus: Path, kind: str, epochs: int, disturb_at: list[float] | None
         f"data.test_unseen={corpus}/test-unseen.jsonl", f"budget.epochs={epochs}", "budget.wall_seconds=null",
         "learners={min: 2, max: 3, wait_timeout_s: 600}", "cpus_per_learner=1", "learner_resources={learner_slot: 1}",
         f"group.kind={kind}", f"name=chaos-{name}", f"data.max_batch_seconds={BATCH_SECONDS[kind]}"])
-    job = TrainingJob(spec, WORK / name, report=lambda r: print(f"[{name}]", format_eval(r), flush=True))
+    job = TrainingJob(spec, WORK / name, report=lambda r: print(f"[{name}]", format_eval(r), flush=True),
+                      overwrite=True)
     outcome: dict = {}
 
     def train():

@@ -107,7 +107,7 @@ def job_spec(corpus: Path, kind: str):
 
 def run_chorus(corpus: Path, kind: str, kills: int) -> dict:
     cluster = start_cluster()
-    job = TrainingJob(job_spec(corpus, kind), WORK / kind)
+    job = TrainingJob(job_spec(corpus, kind), WORK / kind, overwrite=True)
     outcome, node_b = {}, []
     thread = threading.Thread(target=lambda: outcome.update(summary=job.run()), daemon=True)
     thread.start()
@@ -195,7 +195,7 @@ def ray_train_loop(config: dict) -> None:
     checkpoint = ray.train.get_checkpoint()
     if checkpoint:
         with checkpoint.as_directory() as path:
-            state = torch.load(Path(path, "checkpoint.pt"), weights_only=False)
+            state = torch.load(Path(path, "checkpoint.pt"), weights_only=True)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         step, epoch = state["step"], state["epoch"]

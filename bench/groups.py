@@ -51,7 +51,8 @@ def run_one(kind: str, learners: int, corpus: Path, wall_seconds: float) -> dict
             f"data.test_unseen={corpus}/test-unseen.jsonl", f"budget.wall_seconds={wall_seconds}",
             "budget.epochs=null", f"learners={learners}", f"group.kind={kind}", f"name={kind}-{learners}"])
         job = TrainingJob(spec, WORK / f"{kind}-{learners}",
-                          report=lambda r: print(f"[{kind}-{learners}]", format_eval(r), flush=True))
+                          report=lambda r: print(f"[{kind}-{learners}]", format_eval(r), flush=True),
+                          overwrite=True)
         summary = job.run()
         return {"group": kind, "learners": learners, "wer_test": summary["wer_test"],
                 "wer_test_unseen": summary["wer_test_unseen"], "wall_s": summary["wall_s"],

@@ -167,7 +167,7 @@ def run_chorus(corpus: Path, name: str, wall_seconds: float) -> dict:
         print(f"[{name}]", format_eval(record), flush=True)
 
     job = CountedJob(job_spec(corpus, kind, balance, None if full else wall_seconds, name), WORK / name,
-                     report=report)
+                     report=report, overwrite=True)
     summary = job.run()
     began, first = first_eval[0]
     end, samples = samples_at(job.counts, began + wall_seconds - first["wall_s"])

@@ -94,7 +94,7 @@ def main() -> int:
         f"data.test_unseen={corpus}/test-unseen.jsonl", f"budget.wall_seconds={args.wall_seconds}",
         "budget.epochs=null", f"seed={args.seed}",
     ])
-    job = TrainingJob(spec, WORK / "run", report=lambda r: print(format_eval(r), flush=True))
+    job = TrainingJob(spec, WORK / "run", report=lambda r: print(format_eval(r), flush=True), overwrite=True)
     summary = job.run()
     speed = feature_speed(corpus / "test.jsonl")
 

@@ -66,7 +66,7 @@ def steady_rate(marks: list[tuple[float, int]]) -> float:
 
 
 def run_chorus(corpus: Path, epochs: int) -> dict:
-    job = TrainingJob(job_spec(corpus, epochs), WORK / "chorus")
+    job = TrainingJob(job_spec(corpus, epochs), WORK / "chorus", overwrite=True)
     summary = job.run()
     marks = [(e["wall_s"], e["samples"]) for e in job.evals]
     return {"startup_s": summary["startup_s"], "samples_per_s": steady_rate(marks), "samples": summary["samples"],

@@ -5,15 +5,17 @@ A corpus is either a LibriSpeech-layout directory (`<speaker>/<chapter>/*.flac` 
 `text`; relative paths resolve against the manifest's folder). Both yield `Utterance`s keyed by
 the audio file's stem, so the same corpus reads the same either way.
 
-Bad input never stops training: a missing, unreadable or empty audio file, a malformed manifest
-line or an utterance without a transcript is skipped, counted in a `SkipReport` and logged once
-with its path.
+Bad input never stops training: a missing, unreadable, empty or too long audio file, a malformed
+or non-UTF-8 manifest or transcript line or an utterance without a transcript is skipped, counted
+in a `SkipReport` and logged once with its path (and `file:line`). What cannot train or evaluate at
+all — a split left with no usable utterance — is a `DataError`.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +24,7 @@ import numpy as np
 import soundfile as sf
 import torch
 import torchaudio
-from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 SAMPLE_RATE = 16_000
 log = logging.getLogger("chorus.data")
@@ -34,14 +36,17 @@ class DataConfig(BaseModel):
     train, dev, test, test_unseen: a `.jsonl` manifest or a LibriSpeech-layout directory each;
         all but `train` may be left out.
     max_batch_seconds: padded audio seconds per batch (utterances x longest in the batch).
+    max_utterance_seconds: a longer utterance is skipped (counted, never loaded), which bounds
+        the memory one utterance takes.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     train: Path
     dev: Path | None = None
     test: Path | None = None
     test_unseen: Path | None = None
     max_batch_seconds: float = 60.0
+    max_utterance_seconds: float = Field(60.0, gt=0)
 
     @field_validator("train", "dev", "test", "test_unseen")
     @classmethod
@@ -70,16 +75,29 @@ class Utterance:
     text: str
 
 
+TOO_LONG = "longer than data.max_utterance_seconds"
+NOT_UTF8 = "line not UTF-8"
+
+
+class DataError(ValueError):
+    """Data a job cannot train or evaluate on (a split with no usable utterance, a learner that can
+    read none of its shard); the message is one line that names the manifest."""
+
+
 @dataclass
 class SkipReport:
-    """What was left out, by reason, with the paths."""
+    """What was left out, by reason, with the paths. Each skip has a key — what was skipped: an
+    audio file's path, or `file:line` — by which reports of several readers of one corpus (the
+    driver's, each learner's) are merged without counting a file twice."""
 
     counts: Counter = field(default_factory=Counter)
     items: list[tuple[str, str]] = field(default_factory=list)
+    keys: list[str] = field(default_factory=list)  # one per item
 
-    def skip(self, where: str, reason: str) -> None:
+    def skip(self, where: str, reason: str, key: str | None = None) -> None:
         self.counts[reason] += 1
         self.items.append((where, reason))
+        self.keys.append(key or where)
         if (where, reason) not in _reported:
             _reported.add((where, reason))
             log.warning("skipped %s: %s", where, reason)
@@ -88,63 +106,113 @@ class SkipReport:
     def total(self) -> int:
         return sum(self.counts.values())
 
+    def since(self, start: int) -> dict[str, str]:
+        """The skips after the first `start`, as key -> reason."""
+        return {key: reason for key, (_, reason) in zip(self.keys[start:], self.items[start:], strict=True)}
+
+    def merge(self, skips: dict[str, str]) -> None:
+        """Add another reader's skips (key -> reason) of the same corpus, but none already here."""
+        known = set(self.keys)
+        for key, reason in skips.items():
+            if key not in known:
+                self.skip(key, reason, key)
+
+    def describe(self) -> str:
+        """One line: '5 skipped (missing audio file: 3, no transcript: 2)', or 'it lists none'."""
+        if not self.total:
+            return "it lists none"
+        reasons = ", ".join(f"{reason}: {n}" for reason, n in self.counts.most_common())
+        return f"{self.total} skipped ({reasons})"
+
 
 class AudioError(Exception):
-    pass
+    """An audio file that cannot be used; `reason` is its skip reason, `detail` says more."""
+
+    def __init__(self, reason: str, detail: str = ""):
+        super().__init__(f"{reason} ({detail})" if detail else reason)
+        self.reason, self.detail = reason, detail
 
 
-def load_audio(path: str | Path) -> torch.Tensor:
-    """Mono float32 waveform at 16 kHz: stereo is averaged, other rates resampled."""
+def load_audio(path: str | Path, max_seconds: float | None = None) -> torch.Tensor:
+    """Mono float32 waveform at 16 kHz: stereo is averaged, other rates resampled. A file longer
+    than `max_seconds` is refused from its header, before any sample is read."""
     try:
-        wav, rate = sf.read(str(path), dtype="float32", always_2d=True)
+        with sf.SoundFile(str(path)) as f:
+            seconds = f.frames / f.samplerate
+            if max_seconds is not None and seconds > max_seconds:
+                raise AudioError(TOO_LONG, f"{seconds:.0f} s > {max_seconds:g} s")
+            wav, rate = f.read(dtype="float32", always_2d=True), f.samplerate
+    except AudioError:
+        raise
     except Exception as exc:  # soundfile raises several types for unreadable files
-        raise AudioError(f"unreadable audio ({exc})") from exc
+        raise AudioError("unreadable audio file", str(exc)) from exc
     if wav.shape[0] == 0:
-        raise AudioError("empty audio")
+        raise AudioError("empty audio file")
     mono = torch.from_numpy(wav.mean(axis=1))
     if rate != SAMPLE_RATE:
         mono = torchaudio.functional.resample(mono, rate, SAMPLE_RATE)
     return mono
 
 
-def _probe(path: Path, where: str, report: SkipReport) -> float | None:
-    """Duration in seconds, or None (skipped) when the file is missing, unreadable or empty."""
+def _probe(path: Path, where: str, report: SkipReport, max_seconds: float) -> float | None:
+    """Duration in seconds from the header, or None (skipped) when the file is missing, unreadable,
+    empty or longer than `max_seconds`."""
+    key = str(path)
     if not path.is_file():
-        report.skip(where, "missing audio file")
+        report.skip(where, "missing audio file", key)
         return None
     if path.stat().st_size == 0:
-        report.skip(where, "empty audio file")
+        report.skip(where, "empty audio file", key)
         return None
     try:
         info = sf.info(str(path))
     except Exception:
-        report.skip(where, "unreadable audio file")
+        report.skip(where, "unreadable audio file", key)
         return None
     if info.frames == 0:
-        report.skip(where, "empty audio file")
+        report.skip(where, "empty audio file", key)
         return None
-    return info.frames / info.samplerate
+    seconds = info.frames / info.samplerate
+    if seconds > max_seconds:
+        report.skip(f"{where} ({seconds:.0f} s > {max_seconds:g} s)", TOO_LONG, key)
+        return None
+    return seconds
 
 
-def read_corpus(source: str | Path) -> tuple[list[Utterance], SkipReport]:
-    """Utterances of a JSONL manifest or a LibriSpeech-layout directory, sorted by id."""
+def read_corpus(source: str | Path, max_seconds: float = math.inf) -> tuple[list[Utterance], SkipReport]:
+    """Utterances of a JSONL manifest or a LibriSpeech-layout directory, sorted by id; those longer
+    than `max_seconds` are skipped."""
     source = Path(source)
     report = SkipReport()
     if source.is_dir():
-        utts = _read_librispeech(source, report)
+        utts = _read_librispeech(source, report, max_seconds)
     elif source.suffix == ".jsonl":
-        utts = _read_jsonl(source, report)
+        utts = _read_jsonl(source, report, max_seconds)
     else:
         raise ValueError(f"{source}: expected a .jsonl manifest or a LibriSpeech-layout directory")
     return sorted(utts, key=lambda u: u.id), report
 
 
-def _read_jsonl(manifest: Path, report: SkipReport) -> list[Utterance]:
+def _lines(path: Path) -> list[tuple[int, str | bytes]]:
+    """(line number, text) of a text file; a line that is not UTF-8 comes as its bytes."""
+    lines = []
+    for line_no, raw in enumerate(path.read_bytes().splitlines(), start=1):
+        try:
+            lines.append((line_no, raw.decode("utf-8")))
+        except UnicodeDecodeError:
+            lines.append((line_no, raw))
+    return lines
+
+
+def _read_jsonl(manifest: Path, report: SkipReport, max_seconds: float) -> list[Utterance]:
     utts = []
-    for line_no, line in enumerate(manifest.read_text().splitlines(), start=1):
+    for line_no, line in _lines(manifest):
+        where = f"{manifest}:{line_no}"
+        if isinstance(line, bytes):
+            report.skip(where, NOT_UTF8)
+            continue
         if not line.strip():
             continue
-        where = f"{manifest}:{line_no}"
         try:
             row = json.loads(line)
             rel = row["audio_filepath"]
@@ -154,18 +222,22 @@ def _read_jsonl(manifest: Path, report: SkipReport) -> list[Utterance]:
         path = Path(rel) if Path(rel).is_absolute() else manifest.parent / rel
         text = row.get("text")
         if not isinstance(text, str) or not text.strip():
-            report.skip(f"{path} ({where})", "no transcript")
+            report.skip(f"{path} ({where})", "no transcript", str(path))
             continue
-        duration = _probe(path, f"{path} ({where})", report)
+        duration = _probe(path, f"{path} ({where})", report, max_seconds)
         if duration is not None:
             utts.append(Utterance(path.stem, path, duration, text.strip().lower()))
     return utts
 
 
-def _read_librispeech(root: Path, report: SkipReport) -> list[Utterance]:
+def _read_librispeech(root: Path, report: SkipReport, max_seconds: float) -> list[Utterance]:
     transcripts: dict[str, str] = {}
+    undecodable: dict[str, str] = {}  # utterance id -> the `file:line` of its transcript that is not UTF-8
     for trans in root.rglob("*.trans.txt"):
-        for line in trans.read_text().splitlines():
+        for line_no, line in _lines(trans):
+            if isinstance(line, bytes):  # its id is ASCII: the utterance is skipped for this reason alone
+                undecodable[line.strip().split(b" ")[0].decode("ascii", "replace")] = f"{trans}:{line_no}"
+                continue
             utt_id, _, text = line.strip().partition(" ")
             if utt_id and text.strip():
                 transcripts[utt_id] = text.strip().lower()
@@ -174,13 +246,18 @@ def _read_librispeech(root: Path, report: SkipReport) -> list[Utterance]:
     for path in sorted(root.rglob("*.flac")):
         seen.add(path.stem)
         if path.stem not in transcripts:
-            report.skip(str(path), "no transcript")
+            if path.stem in undecodable:
+                report.skip(f"{path} ({undecodable[path.stem]})", NOT_UTF8, str(path))
+            else:
+                report.skip(str(path), "no transcript")
             continue
-        duration = _probe(path, str(path), report)
+        duration = _probe(path, str(path), report, max_seconds)
         if duration is not None:
             utts.append(Utterance(path.stem, path, duration, transcripts[path.stem]))
     for utt_id in sorted(set(transcripts) - seen):
         report.skip(f"{root} ({utt_id})", "missing audio file")
+    for utt_id in sorted(set(undecodable) - seen):
+        report.skip(undecodable[utt_id], NOT_UTF8)
     return utts
 
 

@@ -250,12 +250,12 @@ def _write_indexes(out: Path, plans: list[UtterancePlan], durations: dict[str, f
         with open(out / f"{split}.jsonl", "w") as manifest:
             for p in rows:
                 manifest.write(json.dumps({"audio_filepath": p.relpath, "duration": round(durations[p.utt_id], 4),
-                                           "text": p.text}) + "\n")
+                                           "text": p.text}, allow_nan=False) + "\n")
                 trans = out / split / str(p.speaker) / str(p.chapter) / f"{p.speaker}-{p.chapter}.trans.txt"
                 transcripts.setdefault(trans, []).append(f"{p.utt_id} {p.text.upper()}")
         for trans, lines in transcripts.items():
             trans.write_text("\n".join(lines) + "\n")
         summary["splits"][split] = {"utterances": len(rows),
                                     "hours": round(sum(durations[p.utt_id] for p in rows) / 3600, 4)}
-    (out / "corpus.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (out / "corpus.json").write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n")
     return summary

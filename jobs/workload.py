@@ -8,12 +8,16 @@ Example:
     >>> for batch in w.batches(rank=0, world_size=1, epoch=0):
     ...     opt.zero_grad(); w.loss(model, batch).backward(); opt.step()
     >>> w.evaluate(model, "corpus/test.jsonl")  # {'wer': ..., 'loss': ..., 'utterances': ...}
+
+Data it cannot use is refused by name (`jobs.data.DataError`): `check_data` before a job places
+anything, `batches` on a learner's node that sees no training data or can read none of its shard.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +26,7 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from jobs.data import AudioError, DataConfig, SkipReport, Utterance, load_audio, read_corpus, shard_batches
+from jobs.data import AudioError, DataConfig, DataError, SkipReport, Utterance, load_audio, read_corpus, shard_batches
 from jobs.decode import greedy_decode
 from jobs.features import Fbank, FeatureConfig, SpecAugment
 from jobs.models import ModelConfig, build_model, ctc_loss
@@ -39,21 +43,25 @@ class OptimConfig(BaseModel):
         (epochs or wall seconds, whichever the job reports as progress); `constant` keeps `lr`.
     min_lr_ratio: the floor of the cosine schedule, as a fraction of `lr`.
     grad_clip: clip the global gradient norm to this (0 turns clipping off).
+    max_rollbacks: when the training loss turns NaN or infinite, the job rolls every learner back
+        to its last checkpoint and halves the learning rate, at most this many times; then it
+        stops with an error (0: stop at the first non-finite loss).
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     lr: float = Field(2e-3, gt=0)
     weight_decay: float = Field(1e-2, ge=0)
     warmup_steps: int = Field(100, ge=0)
     schedule: Literal["cosine", "constant"] = "cosine"
     min_lr_ratio: float = Field(0.05, ge=0, le=1)
     grad_clip: float = Field(5.0, ge=0)
+    max_rollbacks: int = Field(3, ge=0)
 
 
 class WorkloadConfig(BaseModel):
     """The workload's part of a job spec."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     data: DataConfig
     features: FeatureConfig = FeatureConfig()
     model: ModelConfig = ModelConfig()
@@ -84,10 +92,10 @@ class Batch:
 class Corpus:
     """A corpus's utterances with their features computed on first use and kept in memory."""
 
-    def __init__(self, source: str | Path, fbank: Fbank, tokenizer: CharTokenizer):
+    def __init__(self, source: str | Path, fbank: Fbank, tokenizer: CharTokenizer, max_seconds: float = math.inf):
         self.source = Path(source)
-        self.utterances, self.skipped = read_corpus(source)
-        self.fbank, self.tokenizer = fbank, tokenizer
+        self.utterances, self.skipped = read_corpus(source, max_seconds)
+        self.fbank, self.tokenizer, self.max_seconds = fbank, tokenizer, max_seconds
         self._features: dict[int, torch.Tensor] = {}
         self._bad: set[int] = set()
 
@@ -104,10 +112,11 @@ class Corpus:
         if i not in self._features:
             utt: Utterance = self.utterances[i]
             try:
-                self._features[i] = self.fbank(load_audio(utt.path))
+                self._features[i] = self.fbank(load_audio(utt.path, self.max_seconds))
             except AudioError as exc:
                 self._bad.add(i)
-                self.skipped.skip(str(utt.path), str(exc))
+                self.skipped.skip(f"{utt.path} ({exc.detail})" if exc.detail else str(utt.path), exc.reason,
+                                  str(utt.path))
                 return None
         return self._features[i]
 
@@ -141,11 +150,17 @@ class ShardBatches:
         return len(self.plan)
 
     def __iter__(self) -> Iterator[Batch]:
+        whole_epoch, trained = self.position == 0, False
         while self.position < len(self.plan):
             batch = self.corpus.collate(self.plan[self.position])
             self.position += 1
             if batch is not None:
+                trained = True
                 yield batch
+        if whole_epoch and self.plan and not trained:  # training on nothing, silently, is no training
+            n = sum(map(len, self.plan))
+            raise DataError(f"none of the {n} utterances of this learner's shard of {self.corpus.source} could be "
+                            f"read on host {socket.gethostname()} ({self.corpus.skipped.describe()})")
 
 
 class AsrWorkload:
@@ -157,16 +172,42 @@ class AsrWorkload:
         self.fbank = Fbank(config.features.num_mel_bins)
         self.spec_augment = SpecAugment(config.features)
         self._corpora: dict[Path, Corpus] = {}
+        self._skips_reported = 0  # of the training corpus's skips, those `new_skips` returned
 
     def corpus(self, source: str | Path) -> Corpus:
         key = Path(source).resolve()
         if key not in self._corpora:
-            self._corpora[key] = Corpus(source, self.fbank, self.tokenizer)
+            self._corpora[key] = Corpus(source, self.fbank, self.tokenizer, self.config.data.max_utterance_seconds)
         return self._corpora[key]
 
     @property
     def train(self) -> Corpus:
         return self.corpus(self.config.data.train)
+
+    def check_data(self) -> None:
+        """Raise a DataError naming the first split of the spec (train, dev, test, test_unseen) that
+        has no usable utterance, with its skip reasons: before a job places anything."""
+        d = self.config.data
+        for what, source in (("training", d.train), ("dev", d.dev), ("test", d.test), ("test_unseen", d.test_unseen)):
+            if source is not None:
+                corpus = self.corpus(source)
+                if not len(corpus):
+                    raise DataError(f"no usable {what} utterances in {source}: {corpus.skipped.describe()}")
+
+    def new_skips(self) -> dict[str, str]:
+        """Training utterances skipped here since the last call (what -> reason): what a learner
+        reports to its driver, whose `add_skips` merges them into the job's count."""
+        corpus = self._corpora.get(Path(self.config.data.train).resolve())
+        if corpus is None:
+            return {}
+        skips = corpus.skipped.since(self._skips_reported)
+        self._skips_reported = len(corpus.skipped.items)
+        return skips
+
+    def add_skips(self, skips: dict[str, str]) -> None:
+        """Count another reader's (a learner's) training skips, each file once."""
+        if skips:
+            self.train.skipped.merge(skips)
 
     def build_model(self) -> torch.nn.Module:
         torch.manual_seed(self.seed)
@@ -186,12 +227,12 @@ class AsrWorkload:
         return o.lr * warm * decay
 
     def optimizer_step(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int,
-                       progress: float) -> float:
-        """Clip gradients, set the scheduled rate and step; returns the gradient norm."""
+                       progress: float, lr_scale: float = 1.0) -> float:
+        """Clip gradients, set the scheduled rate (times `lr_scale`) and step; returns the gradient norm."""
         clip = self.config.optim.grad_clip
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip if clip > 0 else float("inf"))
         for group in optimizer.param_groups:
-            group["lr"] = self.learning_rate(step, progress)
+            group["lr"] = self.learning_rate(step, progress) * lr_scale
         optimizer.step()
         return float(norm)
 
@@ -201,6 +242,9 @@ class AsrWorkload:
         loads audio as it goes. `weights` (one per rank) size the shards unequally
         (`jobs.data.shard_batches`)."""
         corpus = self.train
+        if not len(corpus):  # this node sees none of what the driver checked
+            raise DataError(f"no usable training utterances in {corpus.source} on host {socket.gethostname()}: "
+                            f"{corpus.skipped.describe()}")
         plan = shard_batches(corpus.durations, self.config.data.max_batch_seconds, epoch, self.seed, rank, world_size,
                              weights)
         return ShardBatches(corpus, plan, start)
@@ -233,8 +277,8 @@ class AsrWorkload:
             refs += batch.texts
             n += batch.size
         model.train(was_training)
-        return {"wer": word_error_rate(refs, hyps), "loss": loss_sum / max(1, n), "utterances": n,
-                "skipped": corpus.skipped.total}
+        return {"wer": word_error_rate(refs, hyps) if n else None, "loss": loss_sum / n if n else None,
+                "utterances": n, "skipped": corpus.skipped.total}
 
     def skipped(self) -> SkipReport:
         return self.train.skipped

@@ -4,7 +4,6 @@ checkpoint; `submit` a spec to a Ray cluster and follow it with `jobs`; `dashboa
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import signal
 import sys
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import click
 
+from orchestrator import strict_json
 from orchestrator.config import SpecError, load_spec
 
 
@@ -51,13 +51,13 @@ def synth(out, utterances, eval_utterances, seed, workers):
     from jobs.synth import synthesize
 
     summary = synthesize(out, utterances=utterances, eval_utterances=eval_utterances, seed=seed, workers=workers)
-    click.echo(json.dumps(summary))
+    click.echo(strict_json.dumps(summary))
 
 
 def format_eval(record: dict) -> str:
     parts = [f"epoch {record['epoch']:g}", f"step {record['step']}", f"wall {record['wall_s']:.1f}s",
              f"train_loss {record['train_loss']:.3f}"]
-    if "dev_wer" in record:
+    if record.get("dev_wer") is not None:  # None: no dev utterance could be read
         parts += [f"dev_loss {record['dev_loss']:.3f}", f"dev_wer {record['dev_wer']:.2f}%"]
     return "  ".join(parts)
 
@@ -66,17 +66,30 @@ def format_eval(record: dict) -> str:
 @click.argument("spec_path", metavar="SPEC", type=click.Path(path_type=Path))
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a spec key, e.g. optim.lr=1e-3.")
 @_out_and_address
-@click.option("--resume", is_flag=True, help="Continue from OUT/checkpoint.pt.")
+@click.option("--resume", is_flag=True, help="Continue from the newest usable checkpoint in OUT.")
+@click.option("--overwrite", is_flag=True, help="Replace the run OUT holds (its checkpoints, curves and summary).")
 @_fail_on_spec_error
-def train(spec_path, overrides, out, address, resume):
+def train(spec_path, overrides, out, address, resume, overwrite):
     """Train the job SPEC (YAML); prints one line per evaluation and the summary JSON last."""
+    from jobs.data import DataError
+    from orchestrator.checkpoint import CheckpointError
     from orchestrator.elastic import CapacityTimeout
-    from orchestrator.job import TrainingJob
+    from orchestrator.job import TrainingDiverged, TrainingJob
+    from orchestrator.rundir import RunDirError
 
     spec = load_spec(spec_path, list(overrides))
     out = out or Path("runs") / spec.name
     use_ray = spec.learners.max > 1 or address is not None
-    job = TrainingJob(spec, out, report=lambda r: click.echo(format_eval(r)), resume=resume, use_ray=use_ray)
+    job = TrainingJob(spec, out, report=lambda r: click.echo(format_eval(r)), resume=resume, use_ray=use_ray,
+                      overwrite=overwrite)
+    try:  # before Ray starts: data with nothing usable in a split is refused at once, naming it
+        job.workload.check_data()
+    except DataError as exc:
+        raise click.ClickException(str(exc)) from None
+    try:
+        job.claim()  # before Ray starts: a folder in use or holding a run is refused at once
+    except RunDirError as exc:
+        raise click.ClickException(str(exc)) from None
     if use_ray:
         import ray
 
@@ -87,11 +100,15 @@ def train(spec_path, overrides, out, address, resume):
     learners = f"{n.max} learner{'s' if n.max > 1 else ''}" if n.fixed else f"{n.min} to {n.max} learners"
     group = f", {spec.group.kind}" if n.max > 1 else ""
     click.echo(f"chorus: training {spec.name} ({spec.model.kind}, {learners}{group}) -> {out}")
-    def on_sigint(signum, frame):
+    received = []
+
+    def on_signal(signum, frame):  # Ctrl-C, and SIGTERM from `chorus jobs stop` / `ray job stop`
+        received.append(signum)
         job.interrupt()  # the job raises it again at its next turn, should this one be swallowed
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGINT, on_sigint)
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
     try:
         summary = job.run()
     except CapacityTimeout as exc:
@@ -101,9 +118,14 @@ def train(spec_path, overrides, out, address, resume):
         checkpoint, last = out / "checkpoint.pt", job.evals[-1] if job.evals else None
         where = (f"the last checkpoint is {checkpoint} (epoch {last['epoch']:g}, step {last['step']}); "
                  "run the same command with --resume to continue" if last else "no checkpoint was written yet")
-        click.echo(f"chorus: interrupted, learners released; {where}", err=True)
-        sys.exit(130)
-    click.echo(json.dumps(summary))
+        what = "stopped (SIGTERM)" if received and received[-1] == signal.SIGTERM else "interrupted"
+        click.echo(f"chorus: {what}, learners released; {where}", err=True)
+        sys.exit(128 + (received[-1] if received else signal.SIGINT))
+    except (CheckpointError, RunDirError, TrainingDiverged) as exc:
+        raise click.ClickException(str(exc)) from None
+    except DataError as exc:  # a learner's, through Ray: its own message, not the traceback Ray wraps it in
+        raise click.ClickException(str(getattr(exc, "cause", exc))) from None
+    click.echo(strict_json.dumps(summary))
 
 
 @main.command()
@@ -133,7 +155,7 @@ def sweep(sweep_path, overrides, out, address, resume):
         click.echo(f"chorus: sweep interrupted; run the same command with --resume to continue it from {out}",
                    err=True)
         sys.exit(130)
-    click.echo(json.dumps(summary))
+    click.echo(strict_json.dumps(summary))
     if summary["best_trial"] is None:
         error = summary["first_error"] or {}
         raise click.ClickException(f"no trial reported {spec.metric}; first error ({error.get('trial')}): "
@@ -144,14 +166,15 @@ def sweep(sweep_path, overrides, out, address, resume):
 @click.argument("checkpoint", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.argument("data", type=click.Path(exists=True, path_type=Path))
 def evaluate(checkpoint, data):
-    """WER of CHECKPOINT on DATA (a .jsonl manifest or a LibriSpeech-layout directory)."""
-    import torch
-
+    """WER of CHECKPOINT on DATA (a .jsonl manifest or a LibriSpeech-layout directory). A run's
+    checkpoint.pt means its newest usable checkpoint."""
     from jobs.workload import AsrWorkload, WorkloadConfig
+    from orchestrator.checkpoint import CheckpointError, load
 
-    state = torch.load(checkpoint, map_location="cpu", weights_only=False)
-    if not isinstance(state, dict) or "spec" not in state or "model" not in state:
-        raise click.ClickException(f"{checkpoint}: not a Chorus checkpoint (no spec or model inside)")
+    try:  # checkpoint.pt: the run's newest usable checkpoint (a broken newer one is named on stderr)
+        state = load(checkpoint).state
+    except CheckpointError as exc:
+        raise click.ClickException(str(exc)) from None
     raw = {k: state["spec"][k] for k in ("features", "model", "optim")}
     config = WorkloadConfig.model_validate({**raw, "data": {"train": str(data), "max_batch_seconds":
                                                              state["spec"]["data"]["max_batch_seconds"]}})
@@ -159,9 +182,11 @@ def evaluate(checkpoint, data):
     model = workload.build_model()
     workload.load_state_dict(state, model)
     result = workload.evaluate(model, data)
+    if not result["utterances"]:
+        raise click.ClickException(f"no usable utterances in {data}: {workload.corpus(data).skipped.describe()}")
     click.echo(f"{data}: WER {result['wer']:.2f}% over {result['utterances']} utterances "
                f"({result['skipped']} skipped)")
-    click.echo(json.dumps({"data": str(data), **result}))
+    click.echo(strict_json.dumps({"data": str(data), **result}))
 
 
 def _pairs(values: tuple[str, ...], what: str, cast=str) -> dict:
@@ -276,7 +301,7 @@ def jobs_status(job_id, address):
 
     info = Cluster(address).info(job_id)
     click.echo(f"{job_id}: {info.status.value}" + (f" ({info.message})" if info.message else ""))
-    click.echo(json.dumps({"submission_id": job_id, "status": info.status.value, "message": info.message,
+    click.echo(strict_json.dumps({"submission_id": job_id, "status": info.status.value, "message": info.message,
                            "entrypoint": info.entrypoint, "metadata": info.metadata,
                            "start_time": info.start_time, "end_time": info.end_time}))
 

@@ -1,8 +1,8 @@
 """The job spec: pydantic models over YAML, with `--set section.key=value` overrides.
 
-Every section has defaults; an unknown key, a value of the wrong type or a data path that does
-not exist fails `load_spec` with a `SpecError` that names the file and the key, before anything
-is started.
+Every section has defaults; an unknown key, a value of the wrong type, a number that is not finite
+(`.nan`, `.inf`) or a data path that does not exist fails `load_spec` with a `SpecError` that names
+the file and the key, before anything is started.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ class BudgetConfig(BaseModel):
     eval_every_seconds: also evaluate whenever this many seconds passed since the last evaluation.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     epochs: int | None = Field(20, ge=1)
     wall_seconds: float | None = Field(None, gt=0)
     eval_every_epochs: int = Field(1, ge=1)
@@ -49,7 +49,7 @@ class GroupConfig(BaseModel):
         `gossip` puts the slowest learners at passive ring positions.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     kind: Literal["allreduce", "gossip", "hierarchical"] = "allreduce"
     balance: bool = True
 
@@ -58,12 +58,18 @@ class LearnersConfig(BaseModel):
     """How many learners: the job starts once `min` are placed and grows to `max` as capacity
     appears; below `min` (learners lost, no capacity) it waits up to `wait_timeout_s` seconds for
     more, then gives up. A plain integer in the spec means a fixed size (min = max).
+
+    A learner that is alive but completes no step for `max(stuck_after_s, stuck_step_multiple x
+    its median step time)` while computing (or that stops answering for as long) is declared
+    stuck: it is killed, dropped and its slot asked for again; the rest go on.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     min: int = Field(1, ge=1)
     max: int = Field(1, ge=1)
     wait_timeout_s: float = Field(600.0, gt=0)
+    stuck_after_s: float = Field(30.0, gt=0)
+    stuck_step_multiple: float = Field(20.0, gt=0)
 
     @model_validator(mode="before")
     @classmethod
@@ -92,10 +98,13 @@ class SimulateConfig(BaseModel):
         (it sleeps factor - 1 times as long as it computed), to imitate a slower GPU on one machine.
         Indices are learner ids: the first learners placed are 0..max-1; a learner that replaces
         a lost one gets a new id and runs at full speed.
+    nan_loss_at_step: test only: the learners placed at the start make their loss NaN at this
+        step (once each), to exercise the rollback of a non-finite loss (`optim.max_rollbacks`).
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     slowdown: dict[int, float] = Field(default_factory=dict)
+    nan_loss_at_step: int | None = Field(None, ge=0)
 
     @field_validator("slowdown")
     @classmethod
@@ -117,14 +126,21 @@ class JobSpec(WorkloadConfig):
     keep learners on the nodes that advertise it).
     """
 
-    name: str = Field("chorus", pattern=r"^[A-Za-z0-9_.-]+$")
+    name: str = Field("chorus", pattern=r"^[A-Za-z0-9_.-]+$", max_length=200)
     budget: BudgetConfig = BudgetConfig()
     learners: LearnersConfig = LearnersConfig()
     cpus_per_learner: float | None = Field(None, gt=0)
     learner_resources: dict[str, float] = Field(default_factory=dict)
     group: GroupConfig = GroupConfig()
-    seed: int = 0
+    seed: int = Field(0, ge=0)
     simulate: SimulateConfig = SimulateConfig()
+
+    @field_validator("name")
+    @classmethod
+    def _one_folder(cls, name: str) -> str:
+        if set(name) == {"."}:
+            raise ValueError("must not be '.', '..' or other dots only (it names a folder: runs/<name>)")
+        return name
 
     @model_validator(mode="after")
     def _slowdown_learners_exist(self) -> JobSpec:

@@ -72,6 +72,10 @@ class Arrival:
     placed_at: float
 
 
+JOIN_TIMEOUT_S = 60.0  # a member that has not joined its group by then (rendezvous takes <= 15 s) is stuck
+MAX_FAILED_FORMS = 5  # failed re-forms in a row in which nobody died: something else is wrong
+CLOSE_TIMEOUT_S = 10.0  # learners get this long to leave their group at the end
+
 REBALANCE_CHANGE = 0.1  # rebalance when a learner's share would move by more than this fraction
 # (gossip: when a passive learner is more than twice this fraction faster than an active one)
 
@@ -107,6 +111,7 @@ class Membership:
         self.planner = None
         self.bundle: dict = {}
         self.pool = pool
+        self._failed_forms = 0
 
     # -- capacity -------------------------------------------------------------------------------
     @property
@@ -144,7 +149,6 @@ class Membership:
                 ray.get_runtime_context().get_node_id(), soft=False)).remote()
         self.next_id = max(ids, default=-1) + 1
         self._ask(list(ids))
-        self._ask_autoscaler()
         want = spec.learners
         refs = {ref: i for i, (_, ref) in self.pending.items()}
         ray.wait(list(refs), num_returns=len(refs), timeout=2.0)  # whatever fits now starts together
@@ -180,16 +184,6 @@ class Membership:
     def _new_id(self) -> int:
         self.next_id += 1
         return self.next_id - 1
-
-    def _ask_autoscaler(self) -> None:
-        """On a cluster with an autoscaler, ask it for `learners.max` learners' worth of nodes
-        (recorded by Ray even without one; cleared at release)."""
-        from ray.autoscaler.sdk import request_resources
-
-        try:
-            request_resources(bundles=[self.bundle] * self.spec.learners.max)
-        except Exception:  # noqa: BLE001 - best effort: no autoscaler, or an old GCS
-            pass
 
     def _start_placed(self) -> list[Arrival]:
         """Start a learner on every slot Ray has placed since the last call."""
@@ -340,20 +334,33 @@ class Membership:
         changes, self.changes = self.changes, []
         return changes
 
+    def dispatch_units(self) -> list[list[int]]:
+        """Free-running learners in the sets the driver starts chunks for together: the learners
+        of one hierarchical node (they all-reduce every step), every other learner on its own."""
+        if self.kind == "hierarchical":
+            units = [[i for i in group if i in self.live] for group in self.node_groups]
+            grouped = {i for unit in units for i in unit}
+            return [u for u in units if u] + [[s.id] for s in self.slots() if s.id not in grouped]
+        return [[s.id] for s in self.slots()]
+
     def slots(self) -> list[LearnerSlot]:
         return [self.live[i] for i in self.order if i in self.live] + \
                [s for i, s in sorted(self.live.items()) if i not in self.order]
 
     # -- the group ------------------------------------------------------------------------------
-    def form_group(self) -> list[int]:
+    def form_group(self) -> bool:
         """Build the group over the live learners and hand every learner its member. Gossip
         members are swapped in while learners run; allreduce and hierarchical members re-form
-        their process groups, so every learner must be between chunks. Returns learners that
-        died meanwhile (already dropped; the caller forms the group again)."""
-        from orchestrator.placement import fetch
-
+        their process groups, so every learner must be between chunks. Returns whether it must
+        be formed again: a learner died or hung meanwhile (it is dropped; only it), or a join
+        failed because of another member (the others stay)."""
         self.order = self._ring_order() if self.kind == "gossip" else [s.id for s in self.slots()]
-        members = self._members([self.live[i].handle for i in self.order])
+        try:
+            members = self._members([self.live[i].handle for i in self.order])
+        except Exception as exc:  # noqa: BLE001 - a member died while being asked its device or address
+            if not self._drop_silent(exc):
+                raise
+            return True
         ids = list(self.order)
         self.planner_members()
         refs = []
@@ -362,19 +369,61 @@ class Membership:
             swap = self.kind == "gossip" and slot.in_group  # gossip members need no setup: swap while running
             refs.append(slot.handle.regroup.remote(member) if swap else slot.handle.join.remote(member))
             slot.in_group = True
-        if not self.use_ray:
-            return []
-        if self.kind == "gossip":
-            return []  # swaps are immediate; a learner that died shows up through its run
-        failed = []
-        for i, ref in zip(ids, refs, strict=True):
+        if not self.use_ray or self.kind == "gossip":
+            return False  # swaps are immediate; a learner that died shows up through its run
+        return self._joined(dict(zip(refs, ids, strict=True)))
+
+    def _joined(self, joins: dict) -> bool:
+        """Wait (bounded) for every member's join; drop those that died or never answered.
+        Returns whether the group must be formed again."""
+        import ray
+
+        from orchestrator.placement import gone
+
+        ready, hung = ray.wait(list(joins), num_returns=len(joins), timeout=JOIN_TIMEOUT_S)
+        again = bool(hung)
+        for ref in hung:
+            self.drop(joins[ref], f"stuck: no answer {JOIN_TIMEOUT_S:g} s into joining its group")
+        for ref in ready:
             try:
-                fetch(ref)
-            except Exception as exc:  # noqa: BLE001 - a learner died while joining
-                failed.append((i, exc))
-        for i, exc in failed:
+                ray.get(ref)
+            except Exception as exc:  # noqa: BLE001 - it died, or a peer did and the join failed
+                again = True
+                if gone(exc):
+                    self.drop(joins[ref], exc)
+                else:
+                    self.events.emit("regroup", f"learner {joins[ref]} could not join its group "
+                                     f"({_reason(exc)}); forming it again", learner=joins[ref])
+        if again:
+            self._failed_forms += 1
+            if self._failed_forms > MAX_FAILED_FORMS:
+                raise RuntimeError(f"{self.job_id}: the group failed to form {self._failed_forms} times in a row")
+        else:
+            self._failed_forms = 0
+        return again
+
+    def _drop_silent(self, exc: Exception) -> bool:
+        """After `exc` from a call to every member: drop the members that no longer answer a
+        ping; returns whether there were any (else `exc` was something else)."""
+        import ray
+
+        from orchestrator.placement import gone
+
+        if not gone(exc):
+            return False
+        pings = {self.live[i].handle.ping.remote(): i for i in self.order if i in self.live}
+        ready, _ = ray.wait(list(pings), num_returns=len(pings), timeout=5.0)
+        answered = set()
+        for ref in ready:
+            try:
+                ray.get(ref)
+                answered.add(pings[ref])
+            except ray.exceptions.RayError:
+                pass
+        silent = [i for i in pings.values() if i not in answered]
+        for i in silent:
             self.drop(i, exc)
-        return [i for i, _ in failed]
+        return bool(silent)
 
     def planner_members(self) -> None:
         """Tell the planner the members (and balanced weights) for the next unstarted epoch."""
@@ -490,9 +539,19 @@ class Membership:
                 for node, ids in self.hosted.items()]
 
     # -- the end --------------------------------------------------------------------------------
+    def close_and_release(self) -> None:
+        """Let the live learners leave their group (for at most CLOSE_TIMEOUT_S: a stuck one is
+        not waited for), then `release`."""
+        if self.use_ray and self.live:
+            import ray
+
+            ray.wait([s.handle.close.remote() for s in self.live.values()], num_returns=len(self.live),
+                     timeout=CLOSE_TIMEOUT_S)
+        self.release()
+
     def release(self) -> None:
-        """Kill every learner (live or starting) and the planner, free every placement group
-        (placed or pending) and withdraw the autoscaler request."""
+        """Kill every learner (live or starting) and the planner, and free every placement group
+        (placed or pending: the job's whole demand on the cluster and its autoscaler)."""
         if not self.use_ray:
             return
         from orchestrator.placement import release
@@ -504,14 +563,6 @@ class Membership:
         self.live.clear()
         self.arriving.clear()
         self.pending.clear()
-        if self.pool is not None:
-            return
-        try:
-            from ray.autoscaler.sdk import request_resources
-
-            request_resources(bundles=[])
-        except Exception:  # noqa: BLE001 - best effort, as when asking
-            pass
 
 
 def _reason(error: Exception | str) -> str:

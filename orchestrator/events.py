@@ -1,7 +1,7 @@
-"""Membership events of a job — a learner joining, leaving or failing, the group rebalanced, the
-job waiting for capacity — written to three places at once: one JSON line each in the run's
-`events.jsonl`, a console line (the `chorus.events` logger, which `chorus train` shows on
-stderr) and the `chorus_membership_events` counter (by kind).
+"""Events of a job — a learner joining, leaving or failing, the group rebalanced or formed again,
+the job waiting for capacity, a rollback after a non-finite loss — written to three places at once: one JSON line
+each in the run's `events.jsonl`, a console line (the `chorus.events` logger, which `chorus train`
+shows on stderr) and the `chorus_membership_events` counter (by kind).
 """
 
 from __future__ import annotations
@@ -11,9 +11,11 @@ import logging
 import time
 from pathlib import Path
 
+from orchestrator import strict_json
+
 log = logging.getLogger("chorus.events")
 
-KINDS = ("join", "leave", "failure", "rebalance", "waiting")
+KINDS = ("join", "leave", "failure", "rebalance", "waiting", "rollback", "regroup")
 
 
 class EventLog:
@@ -29,8 +31,8 @@ class EventLog:
         if kind not in KINDS:
             raise ValueError(f"unknown event kind {kind!r}")
         now = time.time()
-        line = json.dumps({"time": round(now, 3), "wall_s": round(now - self.started_at, 3), "kind": kind,
-                           **fields, "message": message})
+        line = strict_json.dumps({"time": round(now, 3), "wall_s": round(now - self.started_at, 3), "kind": kind,
+                                  **fields, "message": message})
         with open(self.path, "a") as f:
             f.write(line + "\n")
         record = json.loads(line)  # a copy: later changes to the fields' objects do not reach it

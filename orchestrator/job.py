@@ -10,8 +10,7 @@ learner); a one-learner job runs the same learner in this process.
 
 from __future__ import annotations
 
-import json
-import os
+import math
 import threading
 import time
 import uuid
@@ -21,14 +20,23 @@ from pathlib import Path
 import torch
 
 from jobs.workload import AsrWorkload, WorkloadConfig
+from orchestrator import strict_json
+from orchestrator.checkpoint import KEEP, LATEST, finite, resume_from
+from orchestrator.checkpoint import save as write_checkpoint
 from orchestrator.config import JobSpec
 from orchestrator.elastic import Membership
 from orchestrator.events import EventLog
 from orchestrator.metrics import JobMetrics
-from orchestrator.placement import fetch
+from orchestrator.placement import fetch, gone
+from orchestrator.rundir import RunDir
+from orchestrator.watchdog import HEARTBEAT_EVERY_S, Watchdog
 
 Report = Callable[[dict], None]
 CHUNK_STEPS = 8  # steps per `run` call: how often the driver looks at budget and evaluations
+
+
+class TrainingDiverged(RuntimeError):
+    """The training loss stayed non-finite after `optim.max_rollbacks` rollbacks."""
 
 
 class TrainingJob:
@@ -38,16 +46,22 @@ class TrainingJob:
         spec: a validated job spec.
         out_dir: where `checkpoint.pt`, `evals.jsonl`, `events.jsonl` and `summary.json` go.
         report: called with each evaluation's record (the CLI prints a console line from it).
-        resume: continue from `out_dir/checkpoint.pt` (its counters, weights, shard plan and curve).
+        resume: continue from the newest usable checkpoint in `out_dir` (its counters, weights,
+            shard plan and curve).
+        overwrite: replace the run `out_dir` holds (without `resume` or `overwrite`, a folder that
+            holds files is refused: `orchestrator.rundir`).
+        keep_checkpoints: how many checkpoints (`checkpoint-<step>.pt`) the folder keeps.
         use_ray: run the learners as Ray actors (default: when the spec allows more than one).
         pool: place the learners in these bundles (`placement.BundlePool`, e.g. a Tune trial's)
             rather than in a placement group per learner.
     """
 
     def __init__(self, spec: JobSpec, out_dir: str | Path, report: Report | None = None, resume: bool = False,
-                 use_ray: bool | None = None, pool=None):
+                 use_ray: bool | None = None, pool=None, overwrite: bool = False, keep_checkpoints: int = KEEP):
         self.use_ray = spec.learners.max > 1 if use_ray is None else use_ray
         self.spec, self.out_dir, self.resume, self.pool = spec, Path(out_dir), resume, pool
+        self.overwrite, self.keep_checkpoints = overwrite, keep_checkpoints
+        self.run_dir = RunDir(self.out_dir)
         self.report = report or (lambda record: None)
         self.workload = AsrWorkload(spec, seed=spec.seed)  # the driver's copy, for evaluation
         self.job_id = f"{spec.name}-{uuid.uuid4().hex[:6]}"
@@ -58,7 +72,9 @@ class TrainingJob:
         self.events: EventLog | None = None
         self._stop = threading.Event()
         self._interrupted = threading.Event()
-        self._last_states: dict[int, dict] = {}
+        self._last_states: dict[int, dict] = {}  # of the last checkpoint: what a rollback goes back to
+        self.rollbacks = 0
+        self._weights_diverged = False  # an evaluation read non-finite weights: roll back
         self._first_step_at: float | None = None
         self.recoveries: list[dict] = []  # membership changes: when, when re-formed, when stepping again
 
@@ -80,8 +96,22 @@ class TrainingJob:
 
     # -- the run --------------------------------------------------------------------------------
     def run(self) -> dict:
+        """Train, holding the output folder (`orchestrator.rundir`) for the whole run. A split of
+        the spec without a usable utterance is a `jobs.data.DataError`, before anything is placed."""
+        self.workload.check_data()
+        self.claim()
+        try:
+            return self._run()
+        finally:
+            self.run_dir.release()
+
+    def claim(self) -> None:
+        """Lock and check the output folder (`RunDir.claim`): `run` does it; the CLI does it first,
+        before it starts Ray."""
+        self.run_dir.claim(resume=self.resume, overwrite=self.overwrite)
+
+    def _run(self) -> dict:
         self.started_at = time.time()
-        self.out_dir.mkdir(parents=True, exist_ok=True)
         checkpoint = self._read_checkpoint() if self.resume else None
         for name in ("evals.jsonl", "events.jsonl"):
             if not self.resume or not (self.out_dir / name).exists():
@@ -94,20 +124,18 @@ class TrainingJob:
         self.metrics = JobMetrics(self.job_id, self.spec.group.kind if self.use_ray else "solo", enabled=self.use_ray)
         self.events = EventLog(self.out_dir / "events.jsonl", self.metrics, self.started_at)
         config = WorkloadConfig.model_validate(self.spec.model_dump(include={"data", "features", "model", "optim"}))
+        self.watchdog = Watchdog(self.spec.learners.stuck_after_s, self.spec.learners.stuck_step_multiple)
         self.membership = Membership(self.job_id, self.spec, config.model_dump(mode="json"), self.events,
                                      self.metrics, self.use_ray, fallback_state=self._fallback_state, pool=self.pool)
         try:
             slots = self.membership.start(checkpoint["learner_ids"] if checkpoint else [])
             wall_before = self._restore(checkpoint, slots) if checkpoint else 0.0
+            self._simulate_divergence(slots)
             self._form_group()
+            self._keep_initial_state()
             return self._train(wall_before)
         finally:
-            if self.membership.live:
-                try:
-                    fetch([s.handle.close.remote() for s in self.membership.live.values()])
-                except Exception:  # noqa: BLE001 - learners that are gone need no closing
-                    pass
-            self.membership.release()
+            self.membership.close_and_release()
 
     def _form_group(self) -> None:
         """(Re-)form the group; learners that die while joining are dropped and it is formed again."""
@@ -148,10 +176,10 @@ class TrainingJob:
             out_of_epochs = b.epochs is not None and stats.get("epoch", 0) >= b.epochs
             return out_of_epochs or (deadline is not None and time.time() >= deadline) or self._stop.is_set()
 
-        def dispatch(slot) -> None:
+        def dispatch(slot, own_deadline: bool) -> None:
             # while a learner is starting, collective rounds are short, so it joins soon after it is ready
             steps = CHUNK_STEPS if not (lockstep and m.arriving) else 2
-            ref = slot.handle.run.remote(steps, None if lockstep else deadline, b.epochs, progress())
+            ref = slot.handle.run.remote(steps, deadline if own_deadline else None, b.epochs, progress())
             pending[ref] = slot.id
 
         while True:
@@ -175,19 +203,29 @@ class TrainingJob:
                 if not m.live or all(done(s.stats) for s in m.live.values()):
                     break
                 for slot in m.slots():
-                    dispatch(slot)
-                results, failed = _gather_round(pending, m) if self.use_ray else _gather(pending)
+                    dispatch(slot, own_deadline=False)
+                results, failed = _gather_round(pending, m, self._drop_stuck) if self.use_ray else _gather(pending)
             else:
                 if not reform:
                     running = set(pending.values())
-                    for slot in m.slots():
-                        if slot.id not in running and slot.in_group and not done(slot.stats):
-                            dispatch(slot)
+                    # learners that share a collective (a hierarchical node) start their chunks
+                    # together and stop together (same steps, no deadline of their own): one left
+                    # out would keep its peers waiting inside an all-reduce
+                    for unit in m.dispatch_units():
+                        slots = [m.live[i] for i in unit]
+                        if all(s.id not in running and s.in_group and not done(s.stats) for s in slots):
+                            for slot in slots:
+                                dispatch(slot, own_deadline=len(slots) == 1)
                 if not pending:
                     if reform:
                         continue
                     break
                 results, failed = _wait_any(pending, timeout=1.0, wake=m.watched())
+                self._drop_stuck(pending)
+            if self._diverged(results):  # a non-finite loss: back to the last checkpoint at half the rate
+                reform = self._roll_back(results, failed, pending) or reform
+                losses = []
+                continue
             for learner_id, stats in results:
                 loss = self._observe(learner_id, stats)
                 if loss is not None:
@@ -214,7 +252,7 @@ class TrainingJob:
         if losses or not self.evals:
             self._evaluate(_mean_loss(losses) if losses else float("nan"), start)
         summary = self._summarize(train_wall, time.time() - start, first_loss)
-        (self.out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        (self.out_dir / "summary.json").write_text(strict_json.dumps(summary, indent=2) + "\n")
         return summary
 
     def _epochs(self) -> list[int]:
@@ -223,10 +261,12 @@ class TrainingJob:
     def _observe(self, learner_id: int, stats: dict) -> float | None:
         """One learner's chunk report: its slot, metrics, recoveries; returns its mean loss."""
         m = self.membership
+        self.workload.add_skips(stats.get("skipped"))  # files its node could not read count in the summary
         if learner_id not in m.live:
             return None
         slot = m.live[learner_id]
         slot.observe(stats)
+        self.watchdog.observe(learner_id, stats["step_seconds"])
         self.metrics.learner_chunk(learner_id, stats)
         if slot.speed is not None:
             self.metrics.speed(learner_id, slot.speed)
@@ -236,12 +276,28 @@ class TrainingJob:
         return stats["loss"]
 
     def _drain(self, pending: dict) -> None:
-        """Let every running chunk finish (the learners are then between chunks)."""
-        results, failed = _gather(pending)
-        for learner_id, stats in results:
-            self._observe(learner_id, stats)
-        for learner_id, error in failed:
-            self.membership.drop(learner_id, error)
+        """Let every running chunk finish (the learners are then between chunks); a learner that
+        is stuck meanwhile is dropped."""
+        while pending:
+            if self.use_ray:
+                results, failed = _wait_any(pending, timeout=HEARTBEAT_EVERY_S, wake=[])
+                self._drop_stuck(pending)
+            else:
+                results, failed = _gather(pending)
+            for learner_id, stats in results:
+                self._observe(learner_id, stats)
+            for learner_id, error in failed:
+                self.membership.drop(learner_id, error)
+
+    def _drop_stuck(self, pending: dict) -> None:
+        """Drop (kill, free, ask again for) the running learners the watchdog finds stuck; their
+        chunks are forgotten."""
+        m = self.membership
+        running = {i: m.live[i].handle for i in pending.values() if i in m.live}
+        for learner_id, why in self.watchdog.stuck(running):
+            for ref in [ref for ref, i in pending.items() if i == learner_id]:
+                del pending[ref]
+            m.drop(learner_id, why)
 
     # -- recovery times (what bench/elastic.py reports) ------------------------------------------
     def _note_changes(self) -> bool:
@@ -296,6 +352,9 @@ class TrainingJob:
         if not states:
             return
         states.sort(key=lambda item: item[0])
+        if not all(finite(state["model"]) for _, state in states):
+            self._weights_diverged = True  # never checkpointed: the training loop rolls back
+            return
         consensus = self._average_model([state for _, state in states])
         self._last_states = dict(states)
         stats = [m.live[i].stats for i, _ in states if i in m.live] or [st["counters"] for _, st in states]
@@ -307,13 +366,14 @@ class TrainingJob:
             self.metrics.consensus(consensus)
         if self.spec.data.dev is not None:
             dev = self.workload.evaluate(self.eval_model, self.spec.data.dev)
-            record.update(dev_wer=round(dev["wer"], 2), dev_loss=round(dev["loss"], 4))
-            self.metrics.evaluation("dev", dev["wer"])
+            record.update(dev_wer=_rounded(dev["wer"], 2), dev_loss=_rounded(dev["loss"], 4))
+            if dev["wer"] is not None:  # None: no dev utterance could be read
+                self.metrics.evaluation("dev", dev["wer"])
         record["wall_s"] = round(time.time() - start, 2)
         self.evals.append(record)
         with open(self.out_dir / "evals.jsonl", "a") as f:
-            f.write(json.dumps(record) + "\n")
-        self.save_checkpoint(self._last_states, record["wall_s"])
+            f.write(strict_json.dumps(record) + "\n")
+        self.save_checkpoint(self._last_states, record["wall_s"], record["step"])
         self.report(record)
 
     def _samples(self) -> int:
@@ -321,27 +381,20 @@ class TrainingJob:
         m = self.membership
         return m.retired_samples + sum(s.stats.get("samples", 0) for s in m.live.values())
 
-    def save_checkpoint(self, states: dict[int, dict], wall_s: float) -> Path:
-        """Write the whole job atomically to `checkpoint.pt`: spec, every learner's state (by
-        learner id), the shard plan, the averaged model (what `chorus eval` reads) and the curve."""
-        path = self.out_dir / "checkpoint.pt"
+    def save_checkpoint(self, states: dict[int, dict], wall_s: float, step: int) -> Path:
+        """Checkpoint the whole job as of `step` (files and format: `orchestrator.checkpoint`): spec,
+        every learner's state (by learner id), the shard plan, the averaged model (what `chorus
+        eval` reads) and the curve."""
         m = self.membership
         plan = fetch(m.planner.state.remote()) if self.use_ray else m.planner.state()
         state = {"spec": self.spec.model_dump(mode="json"), "learners": list(states.values()),
                  "learner_ids": list(states), "planner": plan, "model": self.eval_model.state_dict(),
                  "job": {"wall_s": wall_s, "evals": self.evals, "retired_samples": m.retired_samples}}
-        tmp = path.with_suffix(".tmp")
-        torch.save(state, tmp)
-        os.replace(tmp, path)
-        return path
+        return write_checkpoint(self.out_dir, state, step, self.keep_checkpoints)
 
     def _read_checkpoint(self) -> dict:
-        path = self.out_dir / "checkpoint.pt"
-        if not path.is_file():
-            raise FileNotFoundError(f"{path}: no checkpoint to resume from")
-        state = torch.load(path, map_location="cpu", weights_only=False)
-        state.setdefault("learner_ids", list(range(len(state["learners"]))))
-        return state
+        """The newest usable checkpoint (unusable newer ones are logged and set aside)."""
+        return resume_from(self.out_dir).state
 
     def _restore(self, checkpoint: dict, slots) -> float:
         """Learners placed under a checkpointed id take their own state back (and their place in
@@ -356,8 +409,64 @@ class TrainingJob:
         self.evals = list(checkpoint["job"]["evals"])
         self._last_states = by_id
         # the curve as of the checkpoint: drop evaluations a stopped run wrote after it
-        (self.out_dir / "evals.jsonl").write_text("".join(json.dumps(r) + "\n" for r in self.evals))
+        (self.out_dir / "evals.jsonl").write_text("".join(strict_json.dumps(r) + "\n" for r in self.evals))
         return float(checkpoint["job"]["wall_s"])
+
+    # -- non-finite loss: rollbacks --------------------------------------------------------------
+    def _simulate_divergence(self, slots) -> None:
+        """simulate.nan_loss_at_step (tests only): tell the learners placed at the start."""
+        at = self.spec.simulate.nan_loss_at_step
+        if at is not None:
+            fetch([s.handle.simulate_nan_loss.remote(at) for s in slots])
+
+    def _keep_initial_state(self) -> None:
+        """Before the first checkpoint, a rollback goes back to the learners' starting states."""
+        if not self._last_states:
+            self._last_states = self._on_every_learner(lambda s: s.handle.state.remote())
+
+    def _diverged(self, results: list[tuple[int, dict]]) -> bool:
+        """Whether a chunk's loss, or the weights the last evaluation read, are not finite."""
+        return self._weights_diverged or any(
+            stats.get("loss") is not None and not math.isfinite(stats["loss"]) for _, stats in results)
+
+    def _roll_back(self, results: list[tuple[int, dict]], failed: list, pending: dict) -> bool:
+        """Every learner back to the last checkpointed states at half the learning rate, or
+        `TrainingDiverged` once `optim.max_rollbacks` are spent. Returns whether a collective broke
+        in this round (the group must then be re-formed)."""
+        m, limit = self.membership, self.spec.optim.max_rollbacks
+        at = min((s["nonfinite_at"] for _, s in results if s.get("nonfinite_at") is not None), default=None)
+        where = f"at step {at}" if at is not None else "in the weights an evaluation read"
+        for learner_id, error in failed:
+            m.drop(learner_id, error)
+        self._drain(pending)
+        if self.rollbacks >= limit:
+            kept = f"the last good checkpoint is {self.out_dir / LATEST}" if (self.out_dir / LATEST).is_file() \
+                else "no checkpoint was written"
+            raise TrainingDiverged(f"the training loss became non-finite {where} after {self.rollbacks} rollback(s) "
+                                   f"(optim.max_rollbacks={limit}); {kept}; lower optim.lr or raise "
+                                   "optim.max_rollbacks")
+        scale = 0.5 * min((s.stats.get("lr_scale", 1.0) for s in m.live.values()), default=1.0)
+        first = next(iter(self._last_states.values()))
+        self._on_every_learner(lambda s: s.handle.load_state.remote(self._last_states.get(s.id, first),
+                                                                    s.id not in self._last_states))
+        self._on_every_learner(lambda s: s.handle.set_lr_scale.remote(scale))
+        for learner_id, counters in self._on_every_learner(lambda s: s.handle.counters.remote()).items():
+            m.live[learner_id].stats = counters
+        self.rollbacks += 1
+        self._weights_diverged = False
+        to_step = first["counters"]["step"]
+        self.events.emit("rollback", f"non-finite loss {where}: every learner back to step {to_step}, learning rate "
+                         f"x{scale:g} (rollback {self.rollbacks} of at most {limit})",
+                         at_step=at, to_step=to_step, lr_scale=scale)
+        return any(stats.get("broken") for _, stats in results)
+
+    def _on_every_learner(self, call: Callable) -> dict[int, object]:
+        """`call(slot)` (a remote call) on every live learner: their answers by id; those that are
+        gone are dropped."""
+        results, failed = _gather({call(s): s.id for s in self.membership.slots()})
+        for learner_id, error in failed:
+            self.membership.drop(learner_id, error)
+        return dict(results)
 
     def _fallback_state(self):
         """For a learner joining when no other is alive: the last checkpointed state."""
@@ -368,16 +477,16 @@ class TrainingJob:
         finals = {}
         for key, source in (("test", d.test), ("test_unseen", d.test_unseen)):
             result = self.workload.evaluate(self.eval_model, source) if source is not None else None
-            if result:
+            if result and result["wer"] is not None:
                 self.metrics.evaluation(key, result["wer"])
-            finals[f"wer_{key}"] = round(result["wer"], 2) if result else None
+            finals[f"wer_{key}"] = _rounded(result["wer"], 2) if result else None
             finals[f"utterances_{key}"] = result["utterances"] if result else 0
         last = self.evals[-1] if self.evals else {}
         samples = self._samples()
         events: dict[str, int] = {}
         for event in self.events.recorded:
             events[event["kind"]] = events.get(event["kind"], 0) + 1
-        return {
+        return strict_json.finite({  # what summary.json holds: null for a loss that diverged
             "name": self.spec.name,
             "job_id": self.job_id,
             **finals,
@@ -399,7 +508,12 @@ class TrainingJob:
             "nodes": m.nodes_used(),
             "skipped_utterances": dict(self.workload.train.skipped.counts) if self.evals else {},
             "checkpoint": str(self.out_dir / "checkpoint.pt"),
-        }
+        })
+
+
+def _rounded(value: float | None, digits: int) -> float | None:
+    """round(), passing None (a WER or loss over no utterances) through."""
+    return None if value is None else round(value, digits)
 
 
 def _mean_loss(losses: list[tuple[float, int]]) -> float:
@@ -416,7 +530,7 @@ def _gather(pending: dict) -> tuple[list[tuple[int, dict]], list[tuple[int, Exce
         try:
             results.append((learner_id, fetch(ref)))
         except Exception as exc:  # noqa: BLE001 - only a learner that is gone; a bug in it propagates
-            if not _gone(exc):
+            if not gone(exc):
                 raise
             failed.append((learner_id, exc))
     pending.clear()
@@ -427,17 +541,20 @@ UNRESPONSIVE_S = 5.0  # a round's member that neither finishes nor answers a pin
 # collective broke is taken for dead (its node may be gone before Ray has declared it dead)
 
 
-def _gather_round(pending: dict, membership) -> tuple[list[tuple[int, dict]], list[tuple[int, Exception]]]:
+def _gather_round(pending: dict, membership, drop_stuck) -> tuple[list[tuple[int, dict]], list[tuple[int, Exception]]]:
     """A lockstep round's results. Once some members report their collective broken, the others
     get UNRESPONSIVE_S to finish; one that neither finishes nor answers a ping on its `mix`
     thread is reported as failed (its process or node is gone), without waiting for Ray's node
-    failure detection."""
+    failure detection. Until then `drop_stuck(pending)` looks for stuck members every few seconds."""
     import ray
 
     results, failed = [], []
     while pending:
         broken = failed or any(stats.get("broken") for _, stats in results)
-        ready, _ = ray.wait(list(pending), num_returns=1, timeout=UNRESPONSIVE_S if broken else None)
+        ready, _ = ray.wait(list(pending), num_returns=1, timeout=UNRESPONSIVE_S if broken else HEARTBEAT_EVERY_S)
+        if not ready and not broken:
+            drop_stuck(pending)
+            continue
         if not ready:
             silent = {ref: i for ref, i in pending.items() if not _answers(membership.live.get(i))}
             for ref, learner_id in silent.items():
@@ -458,14 +575,6 @@ def _answers(slot) -> bool:
         return False
     ready, _ = ray.wait([slot.handle.ping.remote()], timeout=2.0)
     return bool(ready)
-
-
-def _gone(exc: Exception) -> bool:
-    """Whether an error means the learner's actor or node died."""
-    import ray
-
-    gone = (ray.exceptions.RayActorError, ray.exceptions.NodeDiedError, ray.exceptions.ObjectLostError)
-    return isinstance(exc, gone)  # ObjectLostError: a result that lived on a node that died
 
 
 def _wait_any(pending: dict, timeout: float, wake: list) -> tuple[list[tuple[int, dict]], list[tuple[int, Exception]]]:

@@ -9,8 +9,11 @@ interleave: both sides of a pairwise average end with the same mean.
 
 from __future__ import annotations
 
+import math
+import os
 import threading
 import time
+from contextlib import contextmanager
 
 import ray
 import torch
@@ -51,12 +54,18 @@ class Learner:
         self.step = self.samples = self.epoch = self.averages = 0
         self.failed_exchanges = 0  # gossip exchanges lost to a partner that died
         self.progress = 0.0  # fraction of the job's budget spent, set by the driver
+        self.lr_scale = 1.0  # times the scheduled learning rate; halved by each rollback, kept in the state
+        self._nan_at: int | None = None  # simulate.nan_loss_at_step (tests only)
         self._shard = self._batches = None  # this epoch's ShardBatches and its iterator
         self.position = 0  # planned batches of this epoch that recorded steps have used
         self._drawn = 0  # position after the batch handed out last
         self._slowdown = 1.0
         self.comm_s = 0.0  # communication seconds, added to by the group
         self.first_step_at: float | None = None  # time.time() when this process finished its first step
+        # time.time() when the current step's own work (or the last wait on the group) ended; None
+        # between steps and while waiting on the group: what the driver's watchdog judges
+        self.computing_since: float | None = None
+        self._stall_s = 0.0  # simulate_stall: the next step hangs this long (tests of the watchdog)
         self._reset_chunk()
 
     # -- data ---------------------------------------------------------------------------------
@@ -76,6 +85,13 @@ class Learner:
         self._drawn = self._batches.position if self._batches is not None else 0
         return batch
 
+    def set_counters(self, step: int, epoch: int) -> None:
+        """Take a group's step and epoch; a different epoch starts at its beginning."""
+        with self.lock:
+            self.step = step
+            if epoch != self.epoch:
+                self.epoch, self.position, self._shard = epoch, 0, None
+
     def start_next_epoch(self) -> None:
         self.epoch += 1
         self.position = 0
@@ -87,16 +103,23 @@ class Learner:
         start = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=False)
         loss = self.workload.loss(self.model, batch)
+        if self._nan_at == self.step:  # a simulated divergence (spec: simulate.nan_loss_at_step), tests only
+            self._nan_at, loss = None, loss * float("nan")
         loss.backward()
         if self._slowdown > 1.0:  # simulated slowness (spec: simulate.slowdown), tests and benchmarks only
             time.sleep((time.perf_counter() - start) * (self._slowdown - 1.0))
+        if self._stall_s > 0:  # a simulated hang (tests and bench/faults.py only)
+            stall, self._stall_s = self._stall_s, 0.0
+            time.sleep(stall)
         return loss.item()
 
     def apply_step(self, loss: float, samples: int) -> None:
         """The optimizer step on the gradients in `.grad`, and the counters that go with it, in
         one atomic change (a state read never sees weights and counters of different steps)."""
         with self.lock:
-            self.workload.optimizer_step(self.model, self.optimizer, self.step, self.progress)
+            self.workload.optimizer_step(self.model, self.optimizer, self.step, self.progress, self.lr_scale)
+            if not math.isfinite(loss) and self.nonfinite_at is None:
+                self.nonfinite_at = self.step
             self.step += 1
             self.samples += samples
             self.position = self._drawn
@@ -110,11 +133,25 @@ class Learner:
         """One `group.step`; a step that trained something adds its wall and communication
         seconds to this chunk's timings."""
         step, comm, start, began = self.step, self.comm_s, time.perf_counter(), time.time()
-        group.step(self)
+        self.computing_since = began
+        try:
+            group.step(self)
+        finally:
+            self.computing_since = None
         if self.step > step:
             self.step_seconds.append(time.perf_counter() - start)
             self.comm_seconds.append(self.comm_s - comm)
             self.step_began.append(began)
+
+    @contextmanager
+    def waiting_on_group(self):
+        """Time spent waiting for other learners (a collective, a partner's average): the watchdog
+        does not count it against this learner."""
+        computing, self.computing_since = self.computing_since, None
+        try:
+            yield
+        finally:
+            self.computing_since = time.time() if computing is not None else None
 
     # -- weights ------------------------------------------------------------------------------
     def flat_weights(self, on_device: bool = False) -> torch.Tensor:
@@ -156,7 +193,7 @@ class Learner:
     # -- state --------------------------------------------------------------------------------
     def counters(self) -> dict:
         return {"step": self.step, "samples": self.samples, "epoch": self.epoch, "position": self.position,
-                "averages": self.averages, "failed_exchanges": self.failed_exchanges}
+                "averages": self.averages, "failed_exchanges": self.failed_exchanges, "lr_scale": self.lr_scale}
 
     def state(self) -> dict:
         """Model, optimizer and counters: a consistent copy on the CPU, taken under the weight lock."""
@@ -171,6 +208,7 @@ class Learner:
             self.workload.load_state_dict(state, self.model, self.optimizer)
             c = state["counters"]
             self.step, self.epoch = c["step"], c["epoch"]
+            self.lr_scale = c.get("lr_scale", 1.0)  # a newcomer adopts the group's rate too
             if not adopt:
                 self.samples, self.averages = c["samples"], c.get("averages", 0)
                 self.position = c.get("position", 0)  # carry on inside the epoch where the checkpoint was
@@ -178,16 +216,19 @@ class Learner:
 
     def take_stats(self) -> dict:
         """Counters, plus this chunk's (since the last call) mean loss, samples, per-step wall
-        and communication seconds and start times."""
+        and communication seconds and start times, and the training files this node skipped
+        (`skipped`: what -> reason)."""
         stats = {**self.counters(), "loss": self.loss_sum / self.loss_n if self.loss_n else None,
                  "chunk_samples": self.chunk_samples, "step_seconds": self.step_seconds,
                  "comm_seconds": self.comm_seconds, "first_step_at": self.first_step_at,
-                 "step_began": self.step_began}
+                 "step_began": self.step_began, "nonfinite_at": self.nonfinite_at,
+                 "skipped": self.workload.new_skips()}
         self._reset_chunk()
         return stats
 
     def _reset_chunk(self) -> None:
         self.loss_sum = self.loss_n = 0.0
+        self.nonfinite_at: int | None = None  # the step of this chunk's first non-finite loss
         self.chunk_samples = 0
         self.step_seconds: list[float] = []
         self.comm_seconds: list[float] = []
@@ -221,6 +262,7 @@ class LearnerService:
         self.learner = Learner(workload_config, seed, learner_id, planner, threads)
         self.learner._slowdown = float(slowdown)
         self.group = None
+        self._exit_in_join = self._exit_in_average = False
 
     def device(self) -> str:
         return self.learner.device.type
@@ -246,6 +288,8 @@ class LearnerService:
     def join(self, group_state) -> None:
         """Attach this learner to its group (a groups.* member object, built by the driver),
         leaving the group it was in."""
+        if self._exit_in_join:  # a simulated death while the group forms (tests and bench/faults.py only)
+            os._exit(1)
         if self.group is not None:
             self.group.close()
         self.group = group_state
@@ -257,6 +301,23 @@ class LearnerService:
         return True
 
     @ray.method(concurrency_group="mix")
+    def heartbeat(self) -> dict:
+        """Its step count and since when its current step has been computing (None while it waits
+        on its group or between chunks), answered even in the middle of a step."""
+        return {"step": self.learner.step, "computing_since": self.learner.computing_since}
+
+    @ray.method(concurrency_group="mix")
+    def simulate_exit_in_join(self) -> None:
+        """Tests and bench/faults.py only: the process exits as its next `join` begins (its peers
+        are then waiting for it at the rendezvous)."""
+        self._exit_in_join = True
+
+    @ray.method(concurrency_group="mix")
+    def simulate_stall(self, seconds: float) -> None:
+        """Tests and bench/faults.py only: the next step hangs `seconds` (alive, answering pings)."""
+        self.learner._stall_s = float(seconds)
+
+    @ray.method(concurrency_group="mix")
     def regroup(self, group_state) -> None:
         """Swap in a new member of a group whose `setup` is a no-op (gossip) while `run` goes on:
         the next step uses it."""
@@ -264,6 +325,14 @@ class LearnerService:
 
     def set_slowdown(self, factor: float) -> None:
         self.learner._slowdown = float(factor)
+
+    def set_lr_scale(self, scale: float) -> None:
+        """Train at `scale` times the scheduled learning rate (the job halves it on a rollback)."""
+        self.learner.lr_scale = float(scale)
+
+    def simulate_nan_loss(self, step: int | None) -> None:
+        """Tests only (spec: simulate.nan_loss_at_step): the loss of `step` is NaN, once."""
+        self.learner._nan_at = step
 
     def run(self, steps: int, deadline: float | None, max_epochs: int | None, progress: float) -> dict:
         """Up to `steps` optimizer steps, stopping early at the wall deadline (time.time()) or when
@@ -302,7 +371,15 @@ class LearnerService:
 
     @ray.method(concurrency_group="mix")
     def average(self, other: torch.Tensor) -> torch.Tensor:
+        if self._exit_in_average:  # a simulated death mid-exchange (tests and bench/faults.py only)
+            os._exit(1)
         return self.learner.average(other)
+
+    @ray.method(concurrency_group="mix")
+    def simulate_exit_in_average(self) -> None:
+        """Tests and bench/faults.py only: the process exits inside the next averaging request it
+        serves, after its partner sent its weights and before it answers."""
+        self._exit_in_average = True
 
     @ray.method(concurrency_group="mix")
     def weights(self) -> torch.Tensor:

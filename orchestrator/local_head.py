@@ -45,7 +45,7 @@ class HeadNode:
                    "--dashboard-host", "127.0.0.1", "--dashboard-port", str(self.dashboard_port),
                    "--include-dashboard", "true", "--ray-client-server-port", str(free_port()),
                    "--num-cpus", str(cpus), "--temp-dir", str(self.temp_dir), "--disable-usage-stats",
-                   "--system-config", json.dumps({"metrics_report_interval_ms": 1000})]
+                   "--system-config", json.dumps({"metrics_report_interval_ms": 1000}, allow_nan=False)]
         proc = subprocess.run(command, env=self.env, capture_output=True, text=True, timeout=120)
         if proc.returncode != 0:
             self.stop()

@@ -235,6 +235,12 @@ class Done:
         self.value = value
 
 
+def gone(exc: Exception) -> bool:
+    """Whether an error means a learner's actor or node died."""
+    lost = (ray.exceptions.RayActorError, ray.exceptions.NodeDiedError, ray.exceptions.ObjectLostError)
+    return isinstance(exc, lost)  # ObjectLostError: a result that lived on a node that died
+
+
 def fetch(values):
     """ray.get for object refs; in-process results (`Done`) are unwrapped."""
     if isinstance(values, list):

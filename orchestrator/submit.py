@@ -16,6 +16,7 @@ import functools
 import logging
 import os
 import shlex
+import time
 import uuid
 from pathlib import Path
 
@@ -37,16 +38,37 @@ class SubmitError(RuntimeError):
 
 def find_token() -> tuple[str | None, str]:
     """(the Ray token, where it came from) as Ray looks for it, whatever RAY_AUTH_MODE says here;
-    (None, "") when there is none."""
+    (None, "") when there is none. A RAY_AUTH_TOKEN_PATH that names a missing or empty file is a
+    SubmitError (Ray raises on it), before anything connects."""
     from ray._raylet import AuthenticationTokenLoader
+    from ray.exceptions import AuthenticationError
 
     loader = AuthenticationTokenLoader.instance()
     loader.reset_cache()
-    if not loader.has_token(ignore_auth_mode=True):
-        return None, ""
+    try:
+        if not loader.has_token(ignore_auth_mode=True):
+            return None, ""
+    except AuthenticationError as exc:
+        path = os.environ.get("RAY_AUTH_TOKEN_PATH")
+        raise SubmitError(_bad_token_file(path) if path else f"no usable Ray token: {_first_line(exc)}") from None
     where = ("RAY_AUTH_TOKEN" if os.environ.get("RAY_AUTH_TOKEN") else
              os.environ["RAY_AUTH_TOKEN_PATH"] if os.environ.get("RAY_AUTH_TOKEN_PATH") else "~/.ray/auth_token")
     return loader.get_raw_token(ignore_auth_mode=True).strip(), where
+
+
+def _bad_token_file(path: str) -> str:
+    """One line on a RAY_AUTH_TOKEN_PATH that Ray cannot take a token from."""
+    file = Path(path).expanduser()
+    try:
+        what = ("does not exist" if not file.exists() else "is not a file" if not file.is_file()
+                else "is empty" if not file.read_bytes().strip() else "holds no token Ray can use")
+    except OSError:
+        what = "cannot be read"
+    return (f"RAY_AUTH_TOKEN_PATH names {path}, which {what}: put the cluster's token there (`ray get-auth-token` "
+            "on its head node prints it), or unset RAY_AUTH_TOKEN_PATH")
+
+
+AGENT_WAIT_S = 60.0  # how long a submission waits for a just-started head's job agent
 
 
 class Cluster:
@@ -111,12 +133,22 @@ class Cluster:
         submission_id = f"chorus-{kind}-{name}-{uuid.uuid4().hex[:8]}"
         logging.getLogger("ray").setLevel(logging.WARNING)  # not a line per ignored file
         logging.getLogger("ray._private.runtime_env.working_dir").setLevel(logging.ERROR)  # ".venv is ignored"
-        return kind, name, self._call(lambda: self.client.submit_job(
-            entrypoint=shlex.join(command), submission_id=submission_id,
-            runtime_env={"working_dir": str(root), "env_vars": dict(env or {})},
-            metadata={"job_name": f"{name} ({kind})",  # the Name column of the dashboard's Jobs page
-                      "chorus_kind": kind, "chorus_spec": name, "chorus_spec_file": str(relative)},
-            entrypoint_num_cpus=cpus, entrypoint_num_gpus=gpus or None, entrypoint_resources=resources or None))
+        def submit_job():
+            return self.client.submit_job(
+                entrypoint=shlex.join(command), submission_id=submission_id,
+                runtime_env={"working_dir": str(root), "env_vars": dict(env or {})},
+                metadata={"job_name": f"{name} ({kind})",  # the Name column of the dashboard's Jobs page
+                          "chorus_kind": kind, "chorus_spec": name, "chorus_spec_file": str(relative)},
+                entrypoint_num_cpus=cpus, entrypoint_num_gpus=gpus or None, entrypoint_resources=resources or None)
+
+        deadline = time.monotonic() + AGENT_WAIT_S
+        while True:  # a head that has just started has no job agent yet, and Ray says to try again
+            try:
+                return kind, name, self._call(submit_job)
+            except SubmitError as exc:
+                if "No available agent" not in str(exc) or time.monotonic() > deadline:
+                    raise
+            time.sleep(1.0)
 
     def list(self) -> list:
         return sorted(self._call(self.client.list_jobs), key=lambda j: j.start_time or 0)

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from orchestrator import strict_json
 from search.spec import SweepSpec
 
 EXPERIMENT = "tune"  # OUT/tune: Tune's experiment folder
@@ -159,7 +160,7 @@ def summarize(sweep: SweepSpec, grid, out: Path, wall_s: float) -> dict:
         "results_csv": str(out / "results.csv"), "curves_png": str(out / "learning_curves.png"),
         "experiment": str(out / EXPERIMENT),
     }
-    (out / "sweep_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (out / "sweep_summary.json").write_text(strict_json.dumps(summary, indent=2) + "\n")
     return summary
 
 

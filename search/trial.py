@@ -59,6 +59,7 @@ def run_trial(config: dict, sweep_raw: dict) -> None:
     """The trainable: train the trial's job, reporting every epoch with a checkpoint."""
     from ray import tune
 
+    from orchestrator import strict_json
     from orchestrator.job import TrainingJob
     from orchestrator.placement import BundlePool
     from search.spec import SweepSpec
@@ -85,7 +86,7 @@ def run_trial(config: dict, sweep_raw: dict) -> None:
         nonlocal held
         state["learner_seconds"] += max(0.0, record["wall_s"] - state["wall_s"]) * learners
         state["wall_s"], state["epochs"] = record["wall_s"], record["epoch"]
-        state_path.write_text(json.dumps(state))
+        state_path.write_text(strict_json.dumps(state))
         metrics = {**record, "learners": learners, "learner_seconds": round(state["learner_seconds"], 2),
                    "starts": state["starts"]}
         if record["epoch"] >= sweep.budget.max - 1e-9:

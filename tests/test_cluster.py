@@ -216,3 +216,47 @@ def test_every_dashboard_panel_query_returns_data_from_prometheus(head, promethe
     copy = head.session_dir / "metrics" / "grafana" / "dashboards" / "chorus_grafana_dashboard.json"
     assert f"as {copy}" in installed.stdout and "RAY_GRAFANA_HOST" in installed.stdout
     assert json.loads(copy.read_text()) == json.loads(DASHBOARD.read_text())
+
+
+def _alive_on_head(head, what: str) -> list[dict]:
+    """Ray's state API on the head's dashboard: its actors or placement groups still alive/created."""
+    token = head.token_file.read_text().strip()
+    state = {"actors": "ALIVE", "placement_groups": "CREATED"}[what]
+    query = urllib.parse.urlencode({"limit": 1000, "filter_keys": "state", "filter_predicates": "=",
+                                    "filter_values": state})
+    request = urllib.request.Request(f"{head.address}/api/v0/{what}?{query}",
+                                     headers={"Authorization": f"Bearer {token}"})
+    reply = json.loads(urllib.request.urlopen(request, timeout=30).read())
+    return reply["data"]["result"]["result"]
+
+
+@pytest.mark.parametrize("stopper", ["chorus jobs stop", "ray job stop"])
+def test_a_submitted_job_stopped_by_chorus_or_ray_leaves_nothing_on_the_cluster(head, corpus, tmp_path, stopper):
+    env = {**head.env, "RAY_AUTH_MODE": "disabled"}
+    submitted = chorus("submit", "jobs/configs/tiny.yaml", "--address", head.address, "--out", str(tmp_path / "job"),
+                       *_sets(_data(corpus) + SMALL_MODEL + ["learners=2", "group.kind=gossip", "budget.epochs=10000",
+                                                             "budget.wall_seconds=300", "data.max_batch_seconds=20"]),
+                       env=env)
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = submitted.stdout.splitlines()[0]
+    deadline = time.monotonic() + 120
+    while "\nepoch " not in chorus("jobs", "logs", job_id, "--address", head.address, env=env).stdout:
+        assert time.monotonic() < deadline, "the job never evaluated"
+        time.sleep(1)
+    assert [a for a in _alive_on_head(head, "actors") if a["name"].startswith("tiny-")]
+    if stopper == "ray job stop":
+        stop = subprocess.run([str(BIN / "ray"), "job", "stop", "--address", head.address, job_id], env=head.env,
+                              capture_output=True, text=True, timeout=60)
+    else:
+        stop = chorus("jobs", "stop", job_id, "--address", head.address, env=env)
+    assert stop.returncode == 0, stop.stderr
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        left = {what: [item.get("name") for item in _alive_on_head(head, what) if (item.get("name") or "")
+                       .startswith("tiny-")] for what in ("actors", "placement_groups")}
+        if not any(left.values()):
+            break
+        time.sleep(1)
+    assert not any(left.values()), left
+    logs = chorus("jobs", "logs", job_id, "--address", head.address, env=env).stdout
+    assert "Traceback" not in logs, logs[-3000:]

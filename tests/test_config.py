@@ -1,9 +1,10 @@
+import re
 from pathlib import Path
 
 import pytest
 import yaml
 
-from orchestrator.config import SpecError, load_spec
+from orchestrator.config import JobSpec, SpecError, load_spec
 
 TINY = Path(__file__).parents[1] / "jobs" / "configs" / "tiny.yaml"
 
@@ -76,3 +77,53 @@ def test_unreadable_specs(tmp_path):
     bad.write_text("- just\n- a list\n")
     with pytest.raises(SpecError, match="must be a mapping"):
         load_spec(bad)
+
+
+def _float_keys(model, prefix: str = "") -> list[str]:
+    """Every float field reachable from `model`, as a --set key (a dict of floats gets one entry)."""
+    from pydantic import BaseModel
+
+    keys = []
+    for name, field in model.model_fields.items():
+        key = f"{prefix}{name}"
+        annotation = str(field.annotation)
+        options = getattr(field.annotation, "__args__", (field.annotation,))  # X | None, dict[K, V] or X
+        sub = next((a for a in options if isinstance(a, type) and issubclass(a, BaseModel)), None)
+        if sub is not None:
+            keys += _float_keys(sub, f"{key}.")
+        elif "float" in annotation:
+            entry = "0" if options[0] is int else "x"
+            keys.append(f"{key}={{{entry}: VALUE}}" if annotation.startswith("dict") else f"{key}=VALUE")
+    return keys
+
+
+FLOAT_KEYS = _float_keys(JobSpec)
+
+
+def test_float_keys_found():
+    assert "data.max_batch_seconds=VALUE" in FLOAT_KEYS and "simulate.slowdown={0: VALUE}" in FLOAT_KEYS
+    assert "optim.lr=VALUE" in FLOAT_KEYS and "budget.wall_seconds=VALUE" in FLOAT_KEYS
+
+
+@pytest.mark.parametrize("value", [".nan", ".inf", "-.inf"])
+@pytest.mark.parametrize("override", FLOAT_KEYS)
+def test_non_finite_numbers_are_rejected_naming_the_key(spec_file, override, value):
+    with pytest.raises(SpecError) as err:
+        load_spec(spec_file, ["learners={min: 1}", override.replace("VALUE", value)])  # tiny.yaml: learners: 1
+    key = override.partition("=")[0]
+    # "Input should be a finite number", or a bound's message where the field has both bounds
+    assert re.search(rf"^{re.escape(str(spec_file))}: {re.escape(key)}(\.\w+)?( \(from --set\))?: Input should be",
+                     str(err.value), re.M), str(err.value)
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    (["seed=-1"], "seed (from --set): Input should be greater than or equal to 0"),
+    (["name=.."], "name (from --set): must not be '.', '..' or other dots only"),
+    (["name=."], "name (from --set): must not be '.', '..' or other dots only"),
+    (["name=a/b"], "name (from --set): String should match pattern"),
+    (["name=" + "x" * 300], "name (from --set): String should have at most"),
+])
+def test_seeds_and_names_that_cannot_run_are_rejected_naming_the_key(spec_file, overrides, expected):
+    with pytest.raises(SpecError) as err:
+        load_spec(spec_file, overrides)
+    assert f"{spec_file}: {expected}" in str(err.value)

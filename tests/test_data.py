@@ -171,3 +171,54 @@ def test_features_shape_normalization_and_specaugment_only_in_training(corpus):
     masked = SpecAugment(FeatureConfig(freq_mask=10, time_mask=10))(batch)
     assert masked.shape == batch.shape and (masked == 0).any() and not torch.equal(masked, batch)
     assert torch.equal(SpecAugment(FeatureConfig(freq_mask=0, time_mask=0))(batch), batch)
+
+
+def test_lines_that_are_not_utf8_are_skipped_and_counted_with_file_and_line(corpus, tmp_path):
+    rows = [json.loads(line) for line in (corpus / "dev.jsonl").read_text().splitlines()[:3]]
+    for row in rows:
+        row["audio_filepath"] = str(corpus / row["audio_filepath"])
+    lines = [json.dumps(r).encode() for r in rows]
+    lines[1] = lines[1].replace(b'"text": "', b'"text": "caf\xe9 ')  # Latin-1, not UTF-8
+    manifest = tmp_path / "dev.jsonl"
+    manifest.write_bytes(b"\n".join(lines) + b"\n")
+    utts, skipped = read_corpus(manifest)
+    assert len(utts) == 2 and skipped.counts == {"line not UTF-8": 1}
+    assert skipped.items[0][0] == f"{manifest}:2"
+
+    root = tmp_path / "dev"
+    shutil.copytree(corpus / "dev", root)
+    trans = sorted(root.rglob("*.trans.txt"))[0]
+    first, *rest = trans.read_bytes().splitlines()
+    utt_id = first.split(b" ")[0].decode()
+    trans.write_bytes(b"\n".join([first + b" na\xefve", *rest]) + b"\n")
+    utts, skipped = read_corpus(root)
+    assert len(utts) == 20 - 1 and utt_id not in {u.id for u in utts}
+    assert skipped.counts == {"line not UTF-8": 1}  # one utterance, counted once (not also "no transcript")
+    assert f"{trans}:1" in skipped.items[0][0]
+
+
+def test_an_utterance_longer_than_the_limit_is_skipped_without_loading_it(tmp_path, monkeypatch, caplog):
+    from jobs.data import AudioError, DataConfig
+
+    assert DataConfig(train=tmp_path).max_utterance_seconds == 60.0
+    long = tmp_path / "two-hours.flac"
+    with sf.SoundFile(long, "w", samplerate=1000, channels=1, format="FLAC") as f:  # silence compresses to ~nothing
+        for _ in range(72):
+            f.write(np.zeros(100_000, dtype=np.int16))
+    short = tmp_path / "short.wav"
+    sf.write(short, np.zeros(16000, dtype=np.float32), 16000)
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text("".join(json.dumps({"audio_filepath": p.name, "duration": 1.0, "text": "go"}) + "\n"
+                                for p in (long, short)))
+
+    def no_reading(*args, **kwargs):
+        raise AssertionError("a file over the limit was read")
+
+    monkeypatch.setattr(sf.SoundFile, "read", no_reading)
+    monkeypatch.setattr(sf, "read", no_reading)
+    utts, skipped = read_corpus(manifest, max_seconds=60.0)
+    assert [u.path for u in utts] == [short]
+    assert skipped.counts == {"longer than data.max_utterance_seconds": 1}
+    assert any("two-hours.flac" in r.getMessage() and "7200 s > 60 s" in r.getMessage() for r in caplog.records)
+    with pytest.raises(AudioError, match="longer than data.max_utterance_seconds"):
+        load_audio(long, max_seconds=60.0)  # a file that grew after indexing is not loaded either

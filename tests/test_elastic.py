@@ -51,26 +51,16 @@ import pytest  # noqa: E402
 
 from orchestrator.config import parse_spec  # noqa: E402
 from orchestrator.job import TrainingJob  # noqa: E402
+from orchestrator.placement import fetch  # noqa: E402
 
 
 @pytest.fixture
-def chaos_cluster(ray_cluster):
-    """The session cluster plus node B (1 CPU, 1 `learner_slot`): three nodes, of which the
-    session's worker (node A, 2 slots) and B can hold learners; the head (the driver's node)
-    cannot. Nodes the test adds are removed afterwards, so the session keeps its two."""
-    import ray
-
-    before = set(ray_cluster.worker_nodes)
-    node_b = ray_cluster.add_node(num_cpus=1, resources={"learner_slot": 1})
-    ray_cluster.wait_for_nodes()
-    try:
-        yield ray_cluster, ray_cluster.session_worker, node_b
-    finally:
-        for node in set(ray_cluster.worker_nodes) - before:
-            ray_cluster.remove_node(node, allow_graceful=False)
-        deadline = time.time() + 30
-        while len([n for n in ray.nodes() if n["Alive"]]) > 2 and time.time() < deadline:
-            time.sleep(0.2)
+def chaos_cluster(private_cluster):
+    """A cluster of the test's own plus node B (1 CPU, 1 `learner_slot`): three nodes, of which
+    the worker (node A, 2 slots) and B can hold learners; the head (the driver's node) cannot."""
+    node_b = private_cluster.add_node(num_cpus=1, resources={"learner_slot": 1})
+    private_cluster.wait_for_nodes()
+    return private_cluster, private_cluster.session_worker, node_b
 
 
 def _wait_for(what: str, condition, job_thread, timeout: float = 120.0):
@@ -86,6 +76,7 @@ def _wait_for(what: str, condition, job_thread, timeout: float = 120.0):
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
+@pytest.mark.own_process
 @pytest.mark.parametrize("kind", ["gossip", "allreduce", "hierarchical"])
 def test_chaos_kill_a_learner_lose_a_node_gain_a_node(chaos_cluster, corpus, tmp_path, kind):
     import ray
@@ -231,3 +222,140 @@ def test_node_inventory_lists_custom_resources(ray_cluster):
     worker = nodes[ray_cluster.session_worker.node_id]
     assert worker["custom"] == {"learner_slot": 2.0} and worker["cpus"] == 2.0 and worker["accelerator"] is None
     assert len(nodes) == 2
+
+
+def _start(job: TrainingJob) -> threading.Thread:
+    """Run `job` in a thread; `thread.outcome` gets its summary or the error that escaped."""
+    outcome = {}
+
+    def run():
+        try:
+            outcome["summary"] = job.run()
+        except BaseException as exc:  # noqa: BLE001 - the test asserts none escapes
+            import traceback
+
+            outcome["error"] = f"{exc!r}\n{traceback.format_exc()}"
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.outcome = outcome
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize("kind", ["gossip", "allreduce"])
+def test_a_stuck_learner_is_killed_dropped_and_replaced(ray_session, corpus, tmp_path, kind):
+    """A learner that hangs inside a step (alive, answering pings) is declared stuck after
+    learners.stuck_after_s, killed and dropped; its slot is placed again and the job goes on."""
+    spec = parse_spec({
+        "name": f"stuck-{kind}", "learners": {"min": 2, "max": 2, "stuck_after_s": 6, "stuck_step_multiple": 5},
+        "group": {"kind": kind},
+        "data": {"train": str(corpus / "train.jsonl"), "dev": str(corpus / "dev.jsonl"), "max_batch_seconds": 10},
+        "optim": {"lr": 3e-3, "warmup_steps": 10, "schedule": "constant"},
+        "budget": {"epochs": 10_000, "wall_seconds": 300}})
+    job = TrainingJob(spec, tmp_path)
+    thread = _start(job)
+    events = lambda kind: [e for e in (job.events.recorded if job.events else []) if e["kind"] == kind]  # noqa: E731
+    _wait_for("2 learners and a first evaluation", lambda: len(events("join")) == 2 and job.evals, thread)
+    victim = job.membership.live[0]
+    stalled_at = time.time()
+    victim.handle.simulate_stall.remote(3600)
+    failure = _wait_for("the stuck learner's failure", lambda: [e for e in events("failure") if e["learner"] == 0],
+                        thread, timeout=60)[0]
+    assert failure["error"].startswith("stuck: "), failure
+    assert failure["time"] - stalled_at < 6 + 15, failure  # its limit plus a few heartbeats and a chunk
+    _wait_for("a replacement joining", lambda: [e for e in events("join") if e["learner"] == 2], thread)
+    _wait_for("the group stepping with it", lambda: [r for r in job.recoveries if r["cause"] == "join"
+                                                     and r["learner"] == 2 and r["stepping_at"]], thread)
+    job.stop()
+    thread.join(timeout=120)
+    assert not thread.is_alive(), "the job did not stop"
+    assert "error" not in thread.outcome, thread.outcome["error"]
+    assert thread.outcome["summary"]["learners"] == 2
+
+
+def test_rank_0_dying_while_the_group_re_forms_drops_only_it(ray_session, corpus, tmp_path):
+    """allreduce, 3 learners: one is killed; while the group re-forms, rank 0 dies as it joins (the
+    other member waits for it at the rendezvous). Only those two are dropped: the third stays in
+    the job throughout, new learners take the free slots, and the job ends cleanly."""
+    spec = parse_spec({
+        "name": "reform", "learners": {"min": 2, "max": 3, "wait_timeout_s": 120}, "group": {"kind": "allreduce"},
+        "data": {"train": str(corpus / "train.jsonl"), "dev": str(corpus / "dev.jsonl"), "max_batch_seconds": 10},
+        "optim": {"lr": 3e-3, "warmup_steps": 10, "schedule": "constant"},
+        "budget": {"epochs": 10_000, "wall_seconds": 300}})
+    job = TrainingJob(spec, tmp_path)
+    thread = _start(job)
+    events = lambda kind: [e for e in (job.events.recorded if job.events else []) if e["kind"] == kind]  # noqa: E731
+    _wait_for("3 learners and a first evaluation", lambda: len(events("join")) == 3 and job.evals, thread)
+    rank0, healthy, victim = job.membership.order
+    fetch(job.membership.live[rank0].handle.simulate_exit_in_join.remote())
+    import ray
+
+    ray.kill(job.membership.live[victim].handle)
+    _wait_for("both failures", lambda: {e["learner"] for e in events("failure")} >= {rank0, victim}, thread, 90)
+    _wait_for("two newcomers stepping", lambda: len([r for r in job.recoveries if r["cause"] == "join"
+                                                     and r["stepping_at"]]) == 2, thread)
+    job.stop()
+    thread.join(timeout=120)
+    assert not thread.is_alive(), "the job did not stop"
+    assert "error" not in thread.outcome, thread.outcome["error"]
+    assert {e["learner"] for e in events("failure")} == {rank0, victim}, events("failure")
+    assert healthy not in {e["learner"] for e in events("leave")}
+    assert thread.outcome["summary"]["learners"] == 3
+
+
+def _job_leftovers(prefix: str) -> dict:
+    """Actors and placement groups named after jobs starting with `prefix` that still hold
+    anything, and the autoscaler resource request on the cluster (Ray's v1 key), if any."""
+    import ray
+    from ray.autoscaler._private.constants import AUTOSCALER_RESOURCE_REQUEST_CHANNEL
+    from ray.experimental.internal_kv import _internal_kv_get
+    from ray.util import placement_group_table
+
+    request = _internal_kv_get(AUTOSCALER_RESOURCE_REQUEST_CHANNEL)
+    left = {"actors": [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                       if a["name"].startswith(prefix)],
+            "placement groups": [g["name"] for g in placement_group_table().values()
+                                 if g["name"].startswith(prefix) and g["state"] != "REMOVED"],
+            "resource request": json.loads(request) if request else []}
+    return {k: v for k, v in left.items() if v}
+
+
+@pytest.mark.parametrize("how", ["SIGINT", "SIGTERM", "SIGKILL"])
+def test_no_exit_path_of_chorus_train_leaves_anything_on_the_cluster(ray_cluster, corpus, tmp_path, how):
+    """`chorus train` on the session cluster, ended by Ctrl-C, SIGTERM (what `chorus jobs stop` and
+    `ray job stop` send) or SIGKILL once it has evaluated: no actor, placement group or
+    autoscaler request of the job is left (Ray removes a dead driver's; a signalled one releases
+    its own and says where its checkpoint is)."""
+    import signal
+    import subprocess
+    import sys
+
+    name = f"exit-{how.lower()}"
+    spec = tmp_path / "job.yaml"
+    spec.write_text(json.dumps({
+        "name": name, "learners": 2, "group": {"kind": "gossip"},
+        "data": {"train": str(corpus / "train.jsonl"), "dev": str(corpus / "dev.jsonl"), "max_batch_seconds": 10},
+        "budget": {"epochs": 10_000, "wall_seconds": 300}}))
+    command = [sys.executable, "-m", "orchestrator.cli", "train", str(spec), "--out", str(tmp_path / "run"),
+               "--address", ray_cluster.address]
+    with open(tmp_path / "stderr", "w") as err:
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=err, text=True)
+        try:
+            for line in proc.stdout:  # the first evaluation line: learners placed, a checkpoint written
+                if line.startswith("epoch "):
+                    break
+            assert _job_leftovers(f"{name}-").get("actors"), "the job's learners were not found"
+            proc.send_signal(getattr(signal, how))
+            proc.communicate(timeout=60)
+        finally:
+            proc.kill()
+    stderr = (tmp_path / "stderr").read_text()
+    if how == "SIGKILL":
+        assert proc.returncode == -signal.SIGKILL
+    else:
+        assert proc.returncode == 128 + getattr(signal, how), stderr
+        assert "learners released; the last checkpoint is" in stderr and "Traceback" not in stderr, stderr
+    deadline = time.time() + 30
+    while _job_leftovers(f"{name}-") and time.time() < deadline:
+        time.sleep(0.5)
+    assert not _job_leftovers(f"{name}-")

@@ -232,7 +232,7 @@ def test_job_interrupted_midway_resumes_its_step_count_data_position_and_curve(r
     curve = [json.loads(line) for line in (out / "evals.jsonl").read_text().splitlines()]
     after = _eval_lines(resumed.stdout)
     # the curve keeps its first part and goes on from the checkpoint, without repeats
-    checkpointed = torch.load(out / "checkpoint.pt", weights_only=False)["job"]["evals"]
+    checkpointed = torch.load(out / "checkpoint.pt", weights_only=True)["job"]["evals"]
     assert curve == checkpointed
     assert len(curve_at_stop) >= 2 and curve[:2] == curve_at_stop[:2]
     assert len(curve) == 2 + len(after) and [r["epoch"] for r in curve] == sorted({r["epoch"] for r in curve})
@@ -263,7 +263,7 @@ def test_hierarchical_two_nodes_by_two_learners(ray_cluster, corpus, tmp_path):
     summary = job.run()
     # two nodes of two learners: two intra-node allreduce groups, a ring of the two leaders
     assert sorted(len(g) for g in job.node_groups) == [2, 2]
-    state = torch.load(tmp_path / "checkpoint.pt", weights_only=False)
+    state = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
     weights = [torch.nn.utils.parameters_to_vector(
         [v for k, v in s["model"].items()]) for s in state["learners"]]
     mean = torch.stack(weights).mean(0)

@@ -32,7 +32,7 @@ def test_short_training_run_lowers_the_loss(corpus, tmp_path):
     assert summary["utterances_test"] == summary["utterances_test_unseen"] == 20
     assert json.loads((tmp_path / "summary.json").read_text()) == summary
     assert len((tmp_path / "evals.jsonl").read_text().splitlines()) == 12
-    state = torch.load(tmp_path / "checkpoint.pt", weights_only=False)
+    state = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
     assert state["learners"][0]["counters"]["step"] == summary["steps"] and state["spec"]["name"] == "t"
 
 

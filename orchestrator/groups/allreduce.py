@@ -38,11 +38,13 @@ class AllreduceMember:
     def setup(self, learner) -> None:
         join_process_group(self.backend, self.address, self.rank, self.world_size, self.timeout_s)
         broadcast_weights(learner, self.rank)
+        broadcast_counters(learner, self.rank)
 
     def step(self, learner) -> None:
         buf, size = weighted_gradients(learner, learner.next_batch())
         start = time.perf_counter()
-        collective(dist.all_reduce, buf)
+        with learner.waiting_on_group():
+            collective(dist.all_reduce, buf)
         learner.comm_s += time.perf_counter() - start
         apply_reduced_gradients(learner, buf, size)
 
@@ -50,10 +52,17 @@ class AllreduceMember:
         leave_process_group()
 
 
+RENDEZVOUS_TIMEOUT_S = 15.0  # joining waits this long for the other ranks (a dead rank 0 ends it)
+
+
 def join_process_group(backend: str, address: str, rank: int, world_size: int, timeout_s: float) -> None:
-    """Leave any process group this process is in and join a new one (blocks until all ranks have)."""
+    """Leave any process group this process is in and join a new one (blocks until all ranks have,
+    at most RENDEZVOUS_TIMEOUT_S; `timeout_s` bounds each collective after that)."""
     leave_process_group()
-    dist.init_process_group(backend, init_method=f"tcp://{address}", rank=rank, world_size=world_size,
+    host, port = address.rsplit(":", 1)
+    store = dist.TCPStore(host, int(port), world_size, is_master=rank == 0,
+                          timeout=timedelta(seconds=RENDEZVOUS_TIMEOUT_S))
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=timeout_s))
 
 
@@ -84,6 +93,15 @@ def broadcast_weights(learner, rank: int) -> None:
     collective(dist.broadcast, weights, src=0)
     if rank != 0:
         learner.load_flat_weights(weights)
+
+
+def broadcast_counters(learner, rank: int) -> None:
+    """Everyone takes rank 0's step and epoch, so the members count epochs alike and stop at the
+    same one (a newcomer may have adopted the state of a learner outside this group)."""
+    counters = torch.tensor([learner.step, learner.epoch], dtype=torch.int64, device=learner.device)
+    collective(dist.broadcast, counters, src=0)
+    if rank != 0:
+        learner.set_counters(step=int(counters[0]), epoch=int(counters[1]))
 
 
 def weighted_gradients(learner, batch) -> tuple[torch.Tensor, int]:

@@ -72,7 +72,8 @@ class GossipMember:
             return
         waited = time.perf_counter()
         try:
-            mean = ray.get(exchange)
+            with learner.waiting_on_group():
+                mean = ray.get(exchange)
         except PARTNER_GONE:  # the partner (or its node) died: this step goes unmixed
             learner.failed_exchanges += 1
             return

@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from orchestrator.groups.allreduce import (
     apply_reduced_gradients,
+    broadcast_counters,
     broadcast_weights,
     collective,
     join_process_group,
@@ -44,6 +45,7 @@ class HierarchicalMember:
         if self.node_size > 1:
             join_process_group(self.backend, self.node_address, self.node_rank, self.node_size, self.timeout_s)
             broadcast_weights(learner, self.node_rank)
+            broadcast_counters(learner, self.node_rank)
         else:
             leave_process_group()
 
@@ -51,12 +53,13 @@ class HierarchicalMember:
         exchange = self.leader._start_exchange(learner) if self.leader is not None else None
         buf, size = weighted_gradients(learner, learner.next_batch())
         comm_before, started = learner.comm_s, time.perf_counter()
-        if self.node_size > 1:
-            collective(dist.all_reduce, buf)
-        if self.leader is not None:
-            GossipMember._finish_exchange(learner, exchange)
-        if self.node_size > 1:
-            broadcast_weights(learner, self.node_rank)
+        with learner.waiting_on_group():
+            if self.node_size > 1:
+                collective(dist.all_reduce, buf)
+            if self.leader is not None:
+                GossipMember._finish_exchange(learner, exchange)
+            if self.node_size > 1:
+                broadcast_weights(learner, self.node_rank)
         # the whole interval, exchange wait included (so what _finish_exchange added is not counted twice)
         learner.comm_s = comm_before + time.perf_counter() - started
         apply_reduced_gradients(learner, buf, size)

@@ -1,0 +1,78 @@
+"""The watchdog: finds learners that are alive but stuck.
+
+A learner whose process hangs (a deadlocked data loader, a wedged GPU, a stopped process) does
+not die, so Ray never reports it; a collective group would wait on it without bound. While a
+learner runs a chunk, the driver asks it for a heartbeat every few seconds (served on its `mix`
+thread, so a learner mid-step answers): its step count and since when its current step has been
+computing (time spent waiting on its group does not count: a learner blocked in an all-reduce
+by a stuck peer is not stuck itself). A learner is stuck when it has computed one step, or not
+answered, for longer than `max(learners.stuck_after_s, learners.stuck_step_multiple x its median
+step time)`.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import deque
+
+HEARTBEAT_EVERY_S = 2.0  # how often running learners are asked
+HEARTBEAT_WAIT_S = 2.0  # how long one round of heartbeats may take
+
+
+class Watchdog:
+    """Args:
+    after_s, step_multiple: the spec's `learners.stuck_after_s` and `learners.stuck_step_multiple`.
+    """
+
+    def __init__(self, after_s: float, step_multiple: float):
+        self.after_s, self.step_multiple = after_s, step_multiple
+        self._step_s: dict[int, deque] = {}
+        self._answered_at: dict[int, float] = {}
+        self._last_check = 0.0
+
+    def observe(self, learner_id: int, step_seconds: list[float]) -> None:
+        """A chunk's step times (the median of the last 50 sets the learner's bound)."""
+        self._step_s.setdefault(learner_id, deque(maxlen=50)).extend(step_seconds)
+
+    def limit_s(self, learner_id: int) -> float:
+        steps = self._step_s.get(learner_id)
+        median = statistics.median(steps) if steps else 0.0
+        return max(self.after_s, self.step_multiple * median)
+
+    def stuck(self, running: dict[int, object]) -> list[tuple[int, str]]:
+        """(learner id, why) of the running learners (id -> actor handle) that are stuck; asks at
+        most every HEARTBEAT_EVERY_S and waits at most HEARTBEAT_WAIT_S."""
+        import ray
+
+        now = time.time()
+        if not running or now - self._last_check < HEARTBEAT_EVERY_S:
+            return []
+        self._last_check = now
+        for learner_id in list(self._answered_at):
+            if learner_id not in running:  # between chunks: its silence starts counting afresh
+                del self._answered_at[learner_id]
+        refs = {handle.heartbeat.remote(): learner_id for learner_id, handle in running.items()}
+        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=HEARTBEAT_WAIT_S)
+        answers = {}
+        for ref in ready:
+            try:
+                answers[refs[ref]] = ray.get(ref)
+            except ray.exceptions.RayError:  # gone: its run reports that
+                pass
+        now, found = time.time(), []
+        for learner_id in running:
+            limit = self.limit_s(learner_id)
+            beat = answers.get(learner_id)
+            if beat is None:
+                silent_since = self._answered_at.setdefault(learner_id, now - HEARTBEAT_WAIT_S)
+                if now - silent_since > limit:
+                    found.append((learner_id, f"stuck: no answer for {now - silent_since:.0f} s "
+                                              f"(limit {limit:.0f} s)"))
+                continue
+            self._answered_at[learner_id] = now
+            since = beat["computing_since"]
+            if since is not None and now - since > limit:
+                found.append((learner_id, f"stuck: step {beat['step'] + 1} computing for {now - since:.0f} s "
+                                          f"(limit {limit:.0f} s: learners.stuck_after_s / stuck_step_multiple)"))
+        return found
