@@ -94,7 +94,9 @@ def run_trial(config: dict, sweep_raw: dict) -> None:
             return
         tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(str(out)))
 
-    job = TrainingJob(spec, out, report=report, resume=checkpoint is not None, use_ray=True, pool=pool)
+    # one checkpoint file: Tune persists the folder at every report (and copies hard links as files)
+    job = TrainingJob(spec, out, report=report, resume=checkpoint is not None, use_ray=True, pool=pool,
+                      keep_checkpoints=1)
     summary = job.run()
     final = held or {**(job.evals[-1] if job.evals else {}), "learners": learners,
                      "learner_seconds": round(state["learner_seconds"], 2), "starts": state["starts"]}
