@@ -77,12 +77,24 @@ def save(folder: str | Path, state: dict, step: int, keep: int = KEEP) -> Path:
     except BaseException as exc:
         tmp.unlink(missing_ok=True)
         if isinstance(exc, OSError | RuntimeError):  # torch reports a full disk as a RuntimeError
-            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else _first_line(exc)
+            reason = _full(folder) or (exc.strerror if isinstance(exc, OSError) and exc.strerror
+                                       else _first_line(exc))
             raise CheckpointError(f"{path}: could not be written ({reason}); the previous checkpoints "
                                   "are kept") from None
         raise
     _prune(folder, keep)
     return path
+
+
+def _full(folder: Path) -> str | None:
+    """'no space left on device (...)' when the folder's filesystem cannot hold another checkpoint
+    the size of the newest (torch's own error for a full disk names no cause)."""
+    free = shutil.disk_usage(folder).free
+    newest = numbered(folder)
+    needed = newest[0].stat().st_size if newest else 1 << 20
+    if free >= needed:
+        return None
+    return f"no space left on device: {free / 1e6:.1f} MB free, a checkpoint takes {needed / 1e6:.1f} MB"
 
 
 def _point_latest(folder: Path, path: Path) -> None:

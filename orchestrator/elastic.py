@@ -25,6 +25,7 @@ once in every epoch that starts after a change.
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -566,9 +567,11 @@ class Membership:
 
 
 def _reason(error: Exception | str) -> str:
-    """One line on why a learner is gone."""
+    """One line on why a learner is gone (for an error raised inside it: that error, not Ray's wrapper)."""
     if isinstance(error, str):
         return error
-    text = str(error).strip().splitlines()
+    if isinstance(getattr(error, "cause", None), Exception):  # a RayTaskError: what the learner raised
+        error = error.cause
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(error)).strip().splitlines()  # no terminal colours
     first = next((line for line in text if line.strip()), type(error).__name__)
     return f"{type(error).__name__}: {first[:200]}"

@@ -10,6 +10,7 @@ learner); a one-learner job runs the same learner in this process.
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 import time
@@ -32,6 +33,7 @@ from orchestrator.rundir import RunDir
 from orchestrator.watchdog import HEARTBEAT_EVERY_S, Watchdog
 
 Report = Callable[[dict], None]
+SUPERSEDED = "evals.superseded.jsonl"  # evaluations past the checkpoint a resumed run went back to
 CHUNK_STEPS = 8  # steps per `run` call: how often the driver looks at budget and evaluations
 
 
@@ -408,8 +410,16 @@ class TrainingJob:
         self.membership.retired_samples = checkpoint["job"].get("retired_samples", 0)
         self.evals = list(checkpoint["job"]["evals"])
         self._last_states = by_id
-        # the curve as of the checkpoint: drop evaluations a stopped run wrote after it
-        (self.out_dir / "evals.jsonl").write_text("".join(strict_json.dumps(r) + "\n" for r in self.evals))
+        # the curve as of the checkpoint; evaluations a stopped run wrote after it (their checkpoint
+        # was never written, or was unusable) are kept aside in evals.superseded.jsonl
+        curve = self.out_dir / "evals.jsonl"
+        kept = {strict_json.dumps(r) for r in self.evals}
+        later = [line for line in (curve.read_text().splitlines() if curve.is_file() else []) if line.strip()
+                 and strict_json.dumps(json.loads(line)) not in kept]
+        if later:
+            with open(self.out_dir / SUPERSEDED, "a") as f:
+                f.write("".join(line + "\n" for line in later))
+        curve.write_text("".join(strict_json.dumps(r) + "\n" for r in self.evals))
         return float(checkpoint["job"]["wall_s"])
 
     # -- non-finite loss: rollbacks --------------------------------------------------------------

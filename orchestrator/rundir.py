@@ -25,7 +25,7 @@ from pathlib import Path
 LOCK = ".lock"
 # what a run writes (TrainingJob: checkpoints, curves, summary; a sweep trial: trial.json)
 RUN_FILES = ("checkpoint.pt", "checkpoint-*.pt", "checkpoint-*.pt.corrupt", ".checkpoint*.tmp", "evals.jsonl",
-             "events.jsonl", "summary.json", "trial.json")
+             "evals.superseded.jsonl", "events.jsonl", "summary.json", "trial.json")
 
 
 class RunDirError(RuntimeError):
