@@ -174,6 +174,7 @@ def test_a_job_checkpoint_loads_with_weights_only_and_resume_falls_back_past_a_t
     assert set(checkpoint.KEYS) <= set(state) and state["job"]["evals"][-1]["epoch"] == 2
     assert checkpoint.load_file(previous)["job"]["evals"][-1]["epoch"] == 1
     _truncate(newest, newest.stat().st_size // 2)
+    epoch_2 = (tmp_path / "evals.jsonl").read_text().splitlines()[1]  # its checkpoint is the truncated one
     records = []
     with caplog.at_level(logging.WARNING, logger="chorus.checkpoint"):
         TrainingJob(parse_spec(_raw(corpus, budget__epochs=3)), tmp_path, report=records.append, resume=True).run()
@@ -181,6 +182,8 @@ def test_a_job_checkpoint_loads_with_weights_only_and_resume_falls_back_past_a_t
     assert [r["epoch"] for r in records] == [2, 3]  # went on from epoch 1's checkpoint
     evals = [json.loads(line) for line in (tmp_path / "evals.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in evals] == [1, 2, 3]
+    # the record whose checkpoint was lost is not: it is kept aside
+    assert (tmp_path / "evals.superseded.jsonl").read_text().splitlines() == [epoch_2]
     assert checkpoint.load_latest(tmp_path).state["job"]["evals"][-1]["epoch"] == 3
 
 
