@@ -44,6 +44,9 @@ class HeadNode:
         command = [str(BIN / "ray"), "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(self.gcs_port),
                    "--dashboard-host", "127.0.0.1", "--dashboard-port", str(self.dashboard_port),
                    "--include-dashboard", "true", "--ray-client-server-port", str(free_port()),
+                   # not Ray's default 52365: another Ray node on this machine may hold it, and a job
+                   # agent that cannot listen takes no job ("No available agent to submit job")
+                   "--dashboard-agent-listen-port", str(free_port()),
                    "--num-cpus", str(cpus), "--temp-dir", str(self.temp_dir), "--disable-usage-stats",
                    "--system-config", json.dumps({"metrics_report_interval_ms": 1000}, allow_nan=False)]
         proc = subprocess.run(command, env=self.env, capture_output=True, text=True, timeout=120)

@@ -50,8 +50,12 @@ def _start_cluster(worker_resources: dict):
     import ray
     from ray.cluster_utils import Cluster
 
+    from orchestrator.local_head import free_port
+
     cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 2, "include_dashboard": False, "_system_config": SYSTEM_CONFIG})
+        "num_cpus": 2, "include_dashboard": False, "_system_config": SYSTEM_CONFIG,
+        # Ray's default agent port (52365) is left to whatever else runs Ray on this machine
+        "dashboard_agent_listen_port": free_port()})
     cluster.session_worker = cluster.add_node(num_cpus=2, resources=worker_resources)
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, log_to_driver=False)
