@@ -75,6 +75,23 @@ def _wait_for(what: str, condition, job_thread, timeout: float = 120.0):
         time.sleep(0.2)
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
 
+def _start(job: TrainingJob) -> threading.Thread:
+    """Run `job` in a thread; `thread.outcome` gets its summary or the error that escaped."""
+    outcome = {}
+
+    def run():
+        try:
+            outcome["summary"] = job.run()
+        except BaseException as exc:  # noqa: BLE001 - the test asserts none escapes
+            import traceback
+
+            outcome["error"] = f"{exc!r}\n{traceback.format_exc()}"
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.outcome = outcome
+    thread.start()
+    return thread
+
 
 @pytest.mark.own_process
 @pytest.mark.parametrize("kind", ["gossip", "allreduce", "hierarchical"])
@@ -90,19 +107,8 @@ def test_chaos_kill_a_learner_lose_a_node_gain_a_node(chaos_cluster, corpus, tmp
         "optim": {"lr": 3e-3, "warmup_steps": 10, "schedule": "constant"},
         "budget": {"epochs": 10_000, "wall_seconds": 400}})
     job = TrainingJob(spec, tmp_path)
-    outcome = {}
-
-    def run():
-        try:
-            outcome["summary"] = job.run()
-        except BaseException as exc:  # noqa: BLE001 - the test asserts none escapes
-            import traceback
-
-            outcome["error"] = f"{exc!r}\n{traceback.format_exc()}"
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.outcome = outcome
-    thread.start()
+    thread = _start(job)
+    outcome = thread.outcome
     events = lambda kind, **match: [e for e in (job.events.recorded if job.events else [])  # noqa: E731
                                     if e["kind"] == kind and all(e.get(k) == v for k, v in match.items())]
     stepping = lambda cause, learner: [r for r in job.recoveries  # noqa: E731
@@ -224,37 +230,34 @@ def test_node_inventory_lists_custom_resources(ray_cluster):
     assert len(nodes) == 2
 
 
-def _start(job: TrainingJob) -> threading.Thread:
-    """Run `job` in a thread; `thread.outcome` gets its summary or the error that escaped."""
-    outcome = {}
 
-    def run():
-        try:
-            outcome["summary"] = job.run()
-        except BaseException as exc:  # noqa: BLE001 - the test asserts none escapes
-            import traceback
+def _running_job(corpus, tmp_path, name: str, kind: str, learners: dict):
+    """A job of `kind` with `learners` on the session cluster, started in a thread; returns (job,
+    thread, events(kind) -> its events of that kind so far)."""
+    spec = parse_spec({
+        "name": name, "learners": learners, "group": {"kind": kind},
+        "data": {"train": str(corpus / "train.jsonl"), "dev": str(corpus / "dev.jsonl"), "max_batch_seconds": 10},
+        "optim": {"lr": 3e-3, "warmup_steps": 10, "schedule": "constant"},
+        "budget": {"epochs": 10_000, "wall_seconds": 300}})
+    job = TrainingJob(spec, tmp_path)
+    return job, _start(job), lambda kind: [e for e in (job.events.recorded if job.events else []) if e["kind"] == kind]
 
-            outcome["error"] = f"{exc!r}\n{traceback.format_exc()}"
 
-    thread = threading.Thread(target=run, daemon=True)
-    thread.outcome = outcome
-    thread.start()
-    return thread
+def _stop(job, thread) -> dict:
+    """Stop the job; its summary (it must end on its own, with no error escaping)."""
+    job.stop()
+    thread.join(timeout=120)
+    assert not thread.is_alive(), "the job did not stop"
+    assert "error" not in thread.outcome, thread.outcome["error"]
+    return thread.outcome["summary"]
 
 
 @pytest.mark.parametrize("kind", ["gossip", "allreduce"])
 def test_a_stuck_learner_is_killed_dropped_and_replaced(ray_session, corpus, tmp_path, kind):
     """A learner that hangs inside a step (alive, answering pings) is declared stuck after
     learners.stuck_after_s, killed and dropped; its slot is placed again and the job goes on."""
-    spec = parse_spec({
-        "name": f"stuck-{kind}", "learners": {"min": 2, "max": 2, "stuck_after_s": 6, "stuck_step_multiple": 5},
-        "group": {"kind": kind},
-        "data": {"train": str(corpus / "train.jsonl"), "dev": str(corpus / "dev.jsonl"), "max_batch_seconds": 10},
-        "optim": {"lr": 3e-3, "warmup_steps": 10, "schedule": "constant"},
-        "budget": {"epochs": 10_000, "wall_seconds": 300}})
-    job = TrainingJob(spec, tmp_path)
-    thread = _start(job)
-    events = lambda kind: [e for e in (job.events.recorded if job.events else []) if e["kind"] == kind]  # noqa: E731
+    job, thread, events = _running_job(corpus, tmp_path, f"stuck-{kind}", kind,
+                                       {"min": 2, "max": 2, "stuck_after_s": 6, "stuck_step_multiple": 5})
     _wait_for("2 learners and a first evaluation", lambda: len(events("join")) == 2 and job.evals, thread)
     victim = job.membership.live[0]
     stalled_at = time.time()
@@ -266,25 +269,15 @@ def test_a_stuck_learner_is_killed_dropped_and_replaced(ray_session, corpus, tmp
     _wait_for("a replacement joining", lambda: [e for e in events("join") if e["learner"] == 2], thread)
     _wait_for("the group stepping with it", lambda: [r for r in job.recoveries if r["cause"] == "join"
                                                      and r["learner"] == 2 and r["stepping_at"]], thread)
-    job.stop()
-    thread.join(timeout=120)
-    assert not thread.is_alive(), "the job did not stop"
-    assert "error" not in thread.outcome, thread.outcome["error"]
-    assert thread.outcome["summary"]["learners"] == 2
+    assert _stop(job, thread)["learners"] == 2
 
 
 def test_rank_0_dying_while_the_group_re_forms_drops_only_it(ray_session, corpus, tmp_path):
     """allreduce, 3 learners: one is killed; while the group re-forms, rank 0 dies as it joins (the
     other member waits for it at the rendezvous). Only those two are dropped: the third stays in
     the job throughout, new learners take the free slots, and the job ends cleanly."""
-    spec = parse_spec({
-        "name": "reform", "learners": {"min": 2, "max": 3, "wait_timeout_s": 120}, "group": {"kind": "allreduce"},
-        "data": {"train": str(corpus / "train.jsonl"), "dev": str(corpus / "dev.jsonl"), "max_batch_seconds": 10},
-        "optim": {"lr": 3e-3, "warmup_steps": 10, "schedule": "constant"},
-        "budget": {"epochs": 10_000, "wall_seconds": 300}})
-    job = TrainingJob(spec, tmp_path)
-    thread = _start(job)
-    events = lambda kind: [e for e in (job.events.recorded if job.events else []) if e["kind"] == kind]  # noqa: E731
+    job, thread, events = _running_job(corpus, tmp_path, "reform", "allreduce",
+                                       {"min": 2, "max": 3, "wait_timeout_s": 120})
     _wait_for("3 learners and a first evaluation", lambda: len(events("join")) == 3 and job.evals, thread)
     rank0, healthy, victim = job.membership.order
     fetch(job.membership.live[rank0].handle.simulate_exit_in_join.remote())
@@ -294,13 +287,10 @@ def test_rank_0_dying_while_the_group_re_forms_drops_only_it(ray_session, corpus
     _wait_for("both failures", lambda: {e["learner"] for e in events("failure")} >= {rank0, victim}, thread, 90)
     _wait_for("two newcomers stepping", lambda: len([r for r in job.recoveries if r["cause"] == "join"
                                                      and r["stepping_at"]]) == 2, thread)
-    job.stop()
-    thread.join(timeout=120)
-    assert not thread.is_alive(), "the job did not stop"
-    assert "error" not in thread.outcome, thread.outcome["error"]
+    summary = _stop(job, thread)
     assert {e["learner"] for e in events("failure")} == {rank0, victim}, events("failure")
     assert healthy not in {e["learner"] for e in events("leave")}
-    assert thread.outcome["summary"]["learners"] == 3
+    assert summary["learners"] == 3
 
 
 def _job_leftovers(prefix: str) -> dict:
