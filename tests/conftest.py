@@ -23,6 +23,15 @@ LEFTOVER_GRACE_S = 15.0  # actors of a driver that just exited take Ray a moment
 
 CHILD = "CHORUS_TEST_IN_OWN_PROCESS"  # set in the process that runs an `own_process` test
 CORPUS = "CHORUS_TEST_CORPUS"  # ... with the parent's corpus, so it is synthesized once
+FAILURE = "CHORUS_TEST_FAILURE"  # ... and the file it writes a failure into as it happens
+
+
+def pytest_runtest_logreport(report):
+    """In an `own_process` child: a failure is written out at once (a crash of Ray at the child's
+    exit would lose pytest's summary)."""
+    if os.environ.get(FAILURE) and report.failed:
+        with open(os.environ[FAILURE], "a") as f:
+            f.write(f"{report.when}: {report.longreprtext}\n")
 
 
 def _session_corpus(config) -> Path:
@@ -112,13 +121,17 @@ def pytest_runtest_protocol(item, nextitem):
     env = {**os.environ, CHILD: "1", CORPUS: str(_session_corpus(item.config))}
     started = time.time()
     basetemp = item.config._tmp_path_factory.mktemp("own-process")  # inside ours: pytest prunes old ones
+    failure = basetemp / "failure.txt"  # written by the child the moment its test fails
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--no-header",
-                           f"--basetemp={basetemp}", item.nodeid],
-                          env=env, capture_output=True, text=True, cwd=item.config.rootpath)
+                           f"--basetemp={basetemp / 'tmp'}", item.nodeid],
+                          env={**env, FAILURE: str(failure)}, capture_output=True, text=True, cwd=item.config.rootpath)
     passed = proc.returncode == 0
+    why = (f"in its own process (exit {proc.returncode}):\n"
+           + (failure.read_text() if failure.is_file() else "") + f"\n-- stdout --\n{proc.stdout[-4000:]}"
+           + f"\n-- stderr --\n{proc.stderr[-4000:]}")
     for when in ("setup", "call", "teardown"):
         report = TestReport(item.nodeid, item.location, {}, "passed" if passed or when != "call" else "failed",
-                            None if passed or when != "call" else f"in its own process:\n{proc.stdout[-8000:]}",
+                            None if passed or when != "call" else why,
                             when, duration=time.time() - started if when == "call" else 0.0)
         item.ihook.pytest_runtest_logreport(report=report)
     item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
