@@ -25,12 +25,40 @@ def _fail_on_spec_error(fn):
     return wrapper
 
 
+def _spec_file(spec_path: Path) -> Path:
+    """SPEC as a file: `env:NAME` is the spec's text in the environment variable NAME (how
+    `chorus submit` sends it), written to a file of this process's own."""
+    name = str(spec_path)
+    if not name.startswith("env:"):
+        return spec_path
+    import os
+    import tempfile
+
+    text = os.environ.get(name[4:])
+    if text is None:
+        raise SpecError(f"{name}: the environment variable {name[4:]} is not set")
+    path = Path(tempfile.mkdtemp(prefix="chorus-spec-")) / "submitted-spec.yaml"
+    path.write_text(text)
+    return path
+
+
+SUBMITTED_RUNS = "~/chorus-runs"  # a submitted job's default output: Ray deletes a job's working dir
+
+
+def _default_out(spec_path: Path, name: str) -> Path:
+    """runs/<name>, or for a submitted job (its spec came in its environment) ~/chorus-runs/<name>
+    on the node its driver runs on: not the job's working dir, which Ray deletes."""
+    if str(spec_path).startswith("env:"):
+        return Path(SUBMITTED_RUNS).expanduser() / name
+    return Path("runs") / name
+
+
 def _out_and_address(fn):
     """The --out and --address options of `train` and `sweep`."""
     fn = click.option("--address", default=None, help="An existing Ray cluster (e.g. auto or HOST:6379) "
                       "[default: start one in this process].")(fn)
-    return click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
-                        help="Output folder [default: runs/<name in the spec>].")(fn)
+    return click.option("--out", default=None, help="Output folder, or (train) a URI such as s3://bucket/runs/x "
+                        "[default: runs/<name in the spec>].")(fn)
 
 
 @click.group()
@@ -72,23 +100,29 @@ def format_eval(record: dict) -> str:
 def train(spec_path, overrides, out, address, resume, overwrite):
     """Train the job SPEC (YAML); prints one line per evaluation and the summary JSON last."""
     from jobs.data import DataError
+    from orchestrator.capacity import CapacityError
     from orchestrator.checkpoint import CheckpointError
     from orchestrator.elastic import CapacityTimeout
     from orchestrator.job import TrainingDiverged, TrainingJob
     from orchestrator.rundir import RunDirError
+    from orchestrator.storage import StorageError
 
-    spec = load_spec(spec_path, list(overrides))
-    out = out or Path("runs") / spec.name
+    spec = load_spec(_spec_file(spec_path), list(overrides))
+    out = out or _default_out(spec_path, spec.name)
     use_ray = spec.learners.max > 1 or address is not None
-    job = TrainingJob(spec, out, report=lambda r: click.echo(format_eval(r)), resume=resume, use_ray=use_ray,
-                      overwrite=overwrite)
+    try:
+        job = TrainingJob(spec, out, report=lambda r: click.echo(format_eval(r)), resume=resume, use_ray=use_ray,
+                          overwrite=overwrite)
+    except StorageError as exc:
+        raise click.ClickException(str(exc)) from None
+    out = job.storage.where
     try:  # before Ray starts: data with nothing usable in a split is refused at once, naming it
         job.workload.check_data()
     except DataError as exc:
         raise click.ClickException(str(exc)) from None
     try:
         job.claim()  # before Ray starts: a folder in use or holding a run is refused at once
-    except RunDirError as exc:
+    except (RunDirError, StorageError) as exc:
         raise click.ClickException(str(exc)) from None
     if use_ray:
         import ray
@@ -111,17 +145,17 @@ def train(spec_path, overrides, out, address, resume, overwrite):
     signal.signal(signal.SIGTERM, on_signal)
     try:
         summary = job.run()
-    except CapacityTimeout as exc:
+    except (CapacityError, CapacityTimeout) as exc:
         click.echo(f"chorus: {exc}; nothing of the job is left on the cluster", err=True)
         sys.exit(3)
     except KeyboardInterrupt:
-        checkpoint, last = out / "checkpoint.pt", job.evals[-1] if job.evals else None
+        checkpoint, last = job.checkpoint_location(), job.evals[-1] if job.evals else None
         where = (f"the last checkpoint is {checkpoint} (epoch {last['epoch']:g}, step {last['step']}); "
                  "run the same command with --resume to continue" if last else "no checkpoint was written yet")
         what = "stopped (SIGTERM)" if received and received[-1] == signal.SIGTERM else "interrupted"
         click.echo(f"chorus: {what}, learners released; {where}", err=True)
         sys.exit(128 + (received[-1] if received else signal.SIGINT))
-    except (CheckpointError, RunDirError, TrainingDiverged) as exc:
+    except (CheckpointError, RunDirError, StorageError, TrainingDiverged) as exc:
         raise click.ClickException(str(exc)) from None
     except DataError as exc:  # a learner's, through Ray: its own message, not the traceback Ray wraps it in
         raise click.ClickException(str(getattr(exc, "cause", exc))) from None
@@ -142,8 +176,11 @@ def sweep(sweep_path, overrides, out, address, resume):
 
     from search import SweepError, load_sweep, run_sweep
 
-    spec = load_sweep(sweep_path, list(overrides))
-    out = out or Path("runs") / spec.name
+    spec = load_sweep(_spec_file(sweep_path), list(overrides))
+    if out is not None and "://" in out:
+        raise click.ClickException(f"--out {out}: a sweep's output is a folder (shared storage for a cluster); "
+                                   "URIs are for `chorus train`")
+    out = Path(out) if out else _default_out(sweep_path, spec.name)
     ray.init(address=address, log_to_driver=False)
     click.echo(f"chorus: sweep {spec.name} ({spec.method}, {spec.trials} trials of {spec.learners} learner"
                f"{'s' if spec.learners > 1 else ''}, up to {spec.budget.max} {spec.budget.unit}) -> {out}")
@@ -237,24 +274,26 @@ def _follow(cluster, job_id: str) -> None:
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a spec key.")
 @_address
 @click.option("--out", default=None, help="Output folder on the cluster, e.g. on shared storage "
-              "[default: runs/<name> in the job's working dir].")
+              f"[default: {SUBMITTED_RUNS}/<name> on the node the job's driver runs on].")
+@click.option("--resume", is_flag=True, help="Continue the job (or sweep) whose output is in OUT from its checkpoint.")
 @click.option("--working-dir", type=click.Path(file_okay=False, exists=True, path_type=Path), default=None,
-              help="The folder uploaded as the job's working dir; SPEC must be inside it "
+              help="The code uploaded as the job's working dir (SPEC travels on its own, from any folder) "
               "[default: this Chorus checkout].")
 @click.option("--env", "env", multiple=True, metavar="KEY=VALUE", help="An environment variable of the job.")
-@click.option("--cpus", type=float, default=1.0, show_default=True, help="CPUs held by the job's driver.")
+@click.option("--cpus", type=float, default=0.0, show_default=True,
+              help="CPUs held by the job's driver (none by default: it must never keep its own learners from a slot).")
 @click.option("--gpus", type=float, default=0.0, show_default=True, help="GPUs held by the job's driver.")
 @click.option("--resource", "resources", multiple=True, metavar="NAME=AMOUNT",
               help="A custom resource the job's driver holds, e.g. head=1.")
 @click.option("--follow", is_flag=True, help="Print the job's logs until it ends; exit 0 only if it SUCCEEDED.")
 @_fail_on_spec_error
 @_on_submit_error
-def submit(spec_path, overrides, address, out, working_dir, env, cpus, gpus, resources, follow):
+def submit(spec_path, overrides, address, out, resume, working_dir, env, cpus, gpus, resources, follow):
     """Submit the job or sweep SPEC to a Ray cluster (Ray Jobs); prints its submission id."""
     from orchestrator.submit import Cluster
 
     cluster = Cluster(address)
-    kind, name, job_id = cluster.submit(spec_path, list(overrides), out=out, working_dir=working_dir,
+    kind, name, job_id = cluster.submit(spec_path, list(overrides), out=out, resume=resume, working_dir=working_dir,
                                         env=_pairs(env, "--env"), cpus=cpus, gpus=gpus,
                                         resources=_pairs(resources, "--resource", float))
     click.echo(f"chorus: submitted {kind} {name} to {cluster.address}", err=True)

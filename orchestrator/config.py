@@ -122,15 +122,22 @@ class JobSpec(WorkloadConfig):
 
     `cpus_per_learner` is each learner's CPU reservation on Ray (default 1; fractions share a
     core); a one-learner job run without Ray uses all of this machine's cores unless it is set.
-    `learner_resources` adds custom resources to each learner's reservation (e.g. `{v100: 1}` to
+    `accelerator`: each learner asks for one GPU (`gpu`), none (`cpu`), or (`auto`) a GPU when
+    the cluster has one or its autoscaler can launch a node type that has one.
+    `learner_resources` adds custom resources to each learner's reservation (e.g. `{V100: 1}` to
     keep learners on the nodes that advertise it).
+    `accelerator_types`: custom resources naming interchangeable node kinds (e.g. `[V100, A10G]`,
+    as `cluster.yaml`'s GPU types advertise): each learner asks for one unit of one of them, the
+    learners spread evenly over them, and the summary reports each kind's learners and speed.
     """
 
     name: str = Field("chorus", pattern=r"^[A-Za-z0-9_.-]+$", max_length=200)
     budget: BudgetConfig = BudgetConfig()
     learners: LearnersConfig = LearnersConfig()
     cpus_per_learner: float | None = Field(None, gt=0)
+    accelerator: Literal["auto", "gpu", "cpu"] = "auto"
     learner_resources: dict[str, float] = Field(default_factory=dict)
+    accelerator_types: list[str] = Field(default_factory=list)
     group: GroupConfig = GroupConfig()
     seed: int = Field(0, ge=0)
     simulate: SimulateConfig = SimulateConfig()
@@ -141,6 +148,27 @@ class JobSpec(WorkloadConfig):
         if set(name) == {"."}:
             raise ValueError("must not be '.', '..' or other dots only (it names a folder: runs/<name>)")
         return name
+
+    @field_validator("learner_resources")
+    @classmethod
+    def _custom_only(cls, value: dict[str, float]) -> dict[str, float]:
+        for key, amount in value.items():
+            if key in ("CPU", "GPU"):
+                raise ValueError(f"{key} is set by {'cpus_per_learner' if key == 'CPU' else 'accelerator'}, "
+                                 "not learner_resources")
+            if amount < 0:
+                raise ValueError(f"{key}: {amount} is negative")
+        return value
+
+    @model_validator(mode="after")
+    def _types_apart(self) -> JobSpec:
+        both = sorted(set(self.accelerator_types) & set(self.learner_resources))
+        if both:
+            raise ValueError(f"{both[0]} is in both accelerator_types and learner_resources (a learner asks "
+                             "for one of accelerator_types, and for every learner_resources key)")
+        if len(set(self.accelerator_types)) != len(self.accelerator_types):
+            raise ValueError(f"accelerator_types lists a kind twice: {self.accelerator_types}")
+        return self
 
     @model_validator(mode="after")
     def _slowdown_learners_exist(self) -> JobSpec:

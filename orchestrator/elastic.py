@@ -51,6 +51,7 @@ class LearnerSlot:
     speed: float | None = None  # utterances per second of its own compute, a rolling mean
     step_compute_s: float | None = None  # seconds of its own compute per step, a rolling mean
     in_group: bool = False
+    leaving: str | None = None  # why it must leave (its node is drained, it got SIGTERM)
 
     def observe(self, stats: dict) -> None:
         self.stats = stats
@@ -77,6 +78,7 @@ JOIN_TIMEOUT_S = 60.0  # a member that has not joined its group by then (rendezv
 MAX_FAILED_FORMS = 5  # failed re-forms in a row in which nobody died: something else is wrong
 CLOSE_TIMEOUT_S = 10.0  # learners get this long to leave their group at the end
 
+DRAIN_POLL_S = 1.0  # how often the driver asks Ray which nodes are being drained
 REBALANCE_CHANGE = 0.1  # rebalance when a learner's share would move by more than this fraction
 # (gossip: when a passive learner is more than twice this fraction faster than an active one)
 
@@ -113,6 +115,7 @@ class Membership:
         self.bundle: dict = {}
         self.pool = pool
         self._failed_forms = 0
+        self._drains_checked = 0.0
 
     # -- capacity -------------------------------------------------------------------------------
     @property
@@ -139,11 +142,17 @@ class Membership:
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        from orchestrator.placement import cluster_has_gpus, learner_bundle
+        from orchestrator.capacity import check_minimum, use_gpus
+        from orchestrator.placement import learner_bundle
 
         spec = self.spec
-        self.bundle = self.pool.bundle if self.pool is not None else learner_bundle(
-            spec.cpus_per_learner or 1.0, cluster_has_gpus(), spec.learner_resources)
+        if self.pool is not None:
+            self.bundle = self.pool.bundle
+        else:
+            self.bundle = learner_bundle(spec.cpus_per_learner or 1.0, use_gpus(spec.accelerator),
+                                         spec.learner_resources)
+            kinds = spec.accelerator_types or [None]  # fails at once when the minimum can never fit:
+            check_minimum(self.job_id, [self._bundle_of(k) for k in kinds], spec.learners.min)
         # the planner lives on the driver's node, so losing any other node never loses it
         self.planner = ray.remote(ShardPlanner).options(
             name=f"{self.job_id}/planner", num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(
@@ -173,7 +182,7 @@ class Membership:
         ids = list(ids)
         while len(self.live) + len(self.arriving) + len(self.pending) < self.spec.learners.max:
             learner_id = ids[0] if ids else self.next_id
-            slot = request_slot(self.job_id, learner_id, self.bundle, self.pool)
+            slot = request_slot(self.job_id, learner_id, self._next_bundle(), self.pool)
             if slot is None:  # the pool's bundles are all taken (until a learner gives one back)
                 return
             if ids:
@@ -181,6 +190,20 @@ class Membership:
             else:
                 self._new_id()
             self.pending[learner_id] = (slot, slot.ready())
+
+    def _bundle_of(self, kind: str | None) -> dict:
+        return self.bundle if kind is None else {**self.bundle, kind: 1.0}
+
+    def _next_bundle(self) -> dict:
+        """The next learner's reservation: with `accelerator_types`, one unit of the kind that has
+        the fewest learners (live, starting or asked for), so learners spread over the kinds."""
+        kinds = self.spec.accelerator_types
+        if not kinds or self.pool is not None:
+            return self.bundle
+        held = [s.pg.bundle for s in self.live.values()] + [a.pg.bundle for a in self.arriving.values()] + \
+            [slot.bundle for slot, _ in self.pending.values()]
+        count = {kind: sum(1 for b in held if kind in b) for kind in kinds}
+        return self._bundle_of(min(kinds, key=lambda kind: count[kind]))
 
     def _new_id(self) -> int:
         self.next_id += 1
@@ -201,7 +224,7 @@ class Membership:
             learner_id = by_ref[ref]
             pg, _ = self.pending.pop(learner_id)
             slowdown = self.spec.simulate.slowdown.get(learner_id, 1.0)
-            handle = start_learner(self.job_id, learner_id, pg, self.bundle, self.workload_config, self.spec.seed,
+            handle = start_learner(self.job_id, learner_id, pg, self.workload_config, self.spec.seed,
                                    self.planner, slowdown)
             if self.started:  # joining a running job: start from a live learner's state
                 donor = self._donor_state()
@@ -235,7 +258,7 @@ class Membership:
             except ray.exceptions.RayError as exc:
                 self._failed_to_start(arrival, exc)
                 continue
-            node, ready_at = hello.pop("node"), hello.pop("ready_at")
+            node, ready_at, pid = hello.pop("node"), hello.pop("ready_at"), hello.pop("pid")
             self.hosted.setdefault(node, []).append(arrival.id)
             slot = LearnerSlot(arrival.id, arrival.handle, arrival.pg, node, stats=hello)
             self.live[slot.id] = slot
@@ -243,7 +266,7 @@ class Membership:
             self.changes.append(("join", slot.id, time.time()))
             self.events.emit("join", f"learner {slot.id} joined on node {node[:8]} "
                              f"({len(self.live)} learner{'s' if len(self.live) > 1 else ''})",
-                             learner=slot.id, node=node, learners=len(self.live), ready_at=round(ready_at, 3),
+                             learner=slot.id, node=node, pid=pid, learners=len(self.live), ready_at=round(ready_at, 3),
                              ready_s=round(ready_at - arrival.placed_at, 3))
         if joined:
             self.metrics.learners(len(self.live))
@@ -309,6 +332,57 @@ class Membership:
             self._wait_for_anything(deadline)
             joined += self.poll()
         return joined
+
+    def check_drains(self) -> None:
+        """Learners on nodes Ray is draining (`ray drain-node`, the autoscaler's preemption and
+        idle termination) are told to leave at the end of their step in flight."""
+        if not self.use_ray or time.time() - self._drains_checked < DRAIN_POLL_S:
+            return
+        import ray
+
+        self._drains_checked = time.time()
+        draining = ray._private.state.state.get_draining_nodes()
+        for slot in self.live.values():
+            if slot.node in draining and slot.leaving is None:
+                left = (draining[slot.node] / 1000 - time.time()) if draining[slot.node] else None
+                slot.leaving = f"node {slot.node[:8]} is being drained" + (
+                    f" (deadline in {left:.0f} s)" if left is not None else "")
+                slot.handle.leave.remote(slot.leaving)
+
+    def leaving(self, learner_id: int, reason: str) -> None:
+        """A learner reported it must leave (SIGTERM): it leaves once its chunk is back."""
+        slot = self.live.get(learner_id)
+        if slot is not None and slot.leaving is None:
+            slot.leaving = reason
+
+    def retire_leaving(self, running: set[int]) -> None:
+        """Every learner that must leave and is between chunks leaves cleanly: gossip hands its
+        weights to its ring neighbour (one last pairwise average, so its progress stays in the
+        group); allreduce and hierarchical re-form without it (replicas agree at a round's end).
+        Its slot is asked for again (Ray places no new one on a draining node)."""
+        from orchestrator.placement import fetch, release
+
+        for slot in [s for s in self.live.values() if s.leaving and s.id not in running]:
+            kept_by = None
+            if self.kind == "gossip" and len(self.order) > 1 and slot.id in self.order:
+                neighbour = self.order[(self.order.index(slot.id) + 1) % len(self.order)]
+                try:
+                    fetch(self.live[neighbour].handle.average.remote(slot.handle.weights.remote()))
+                    kept_by = neighbour
+                except Exception:  # noqa: BLE001 - the neighbour or the leaver died meanwhile: only the average is lost
+                    pass
+            del self.live[slot.id]
+            if slot.id in self.order:
+                self.order.remove(slot.id)
+            self.retired_samples += slot.stats.get("samples", 0)
+            self.changes.append(("drain", slot.id, time.time()))
+            self.events.emit("drain", f"learner {slot.id} left the group: {slot.leaving}"
+                             + (f"; its last average is kept by learner {kept_by}" if kept_by is not None else ""),
+                             learner=slot.id, node=slot.node, reason=slot.leaving, kept_by=kept_by,
+                             step=slot.stats.get("step"), learners=len(self.live))
+            release([slot.pg], [slot.handle])
+            self.metrics.learners(len(self.live))
+            self._ask()
 
     def drop(self, learner_id: int, error: Exception | str) -> None:
         """A learner died (or its node did): record it, free its slot, ask for a new one."""
@@ -538,6 +612,26 @@ class Membership:
         known = {n["node_id"]: n for n in node_inventory()}
         return [{**known.get(node, {"node_id": node, "gone": True}), "learners": ids}
                 for node, ids in self.hosted.items()]
+
+    def by_accelerator(self) -> dict[str, dict]:
+        """With `accelerator_types`: each kind's live learners, their measured samples/s in all
+        and (allreduce) their share of each step's batch: by measured speed once balanced shares
+        are planned, equal until then."""
+        kinds = self.spec.accelerator_types
+        if not kinds or not self.use_ray:
+            return {}
+        ids, planned = getattr(self, "_planned", (None, None))
+        weights = {}
+        if self.kind == "allreduce" and self.order:
+            weights = dict(zip(ids, planned, strict=True)) if planned and ids == self.order else \
+                {i: 1 / len(self.order) for i in self.order}
+        out = {}
+        for kind in kinds:
+            mine = [s for s in self.live.values() if s.pg is not None and kind in s.pg.bundle]
+            out[kind] = {"learners": sorted(s.id for s in mine),
+                         "samples_per_s": round(sum(s.speed or 0.0 for s in mine), 2),
+                         "share": round(sum(weights.get(s.id, 0.0) for s in mine), 4) if weights else None}
+        return out
 
     # -- the end --------------------------------------------------------------------------------
     def close_and_release(self) -> None:

@@ -15,7 +15,7 @@ from orchestrator import strict_json
 
 log = logging.getLogger("chorus.events")
 
-KINDS = ("join", "leave", "failure", "rebalance", "waiting", "rollback", "regroup")
+KINDS = ("join", "leave", "failure", "drain", "rebalance", "waiting", "rollback", "regroup")
 
 
 class EventLog:

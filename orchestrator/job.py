@@ -22,7 +22,7 @@ import torch
 
 from jobs.workload import AsrWorkload, WorkloadConfig
 from orchestrator import strict_json
-from orchestrator.checkpoint import KEEP, LATEST, finite, resume_from
+from orchestrator.checkpoint import KEEP, LATEST, finite, numbered, resume_from
 from orchestrator.checkpoint import save as write_checkpoint
 from orchestrator.config import JobSpec
 from orchestrator.elastic import Membership
@@ -30,6 +30,7 @@ from orchestrator.events import EventLog
 from orchestrator.metrics import JobMetrics
 from orchestrator.placement import fetch, gone
 from orchestrator.rundir import RunDir
+from orchestrator.storage import RunStorage
 from orchestrator.watchdog import HEARTBEAT_EVERY_S, Watchdog
 
 Report = Callable[[dict], None]
@@ -46,7 +47,9 @@ class TrainingJob:
 
     Args:
         spec: a validated job spec.
-        out_dir: where `checkpoint.pt`, `evals.jsonl`, `events.jsonl` and `summary.json` go.
+        out_dir: where `checkpoint.pt`, `evals.jsonl`, `events.jsonl` and `summary.json` go: a
+            folder, or a URI (`s3://...`, `orchestrator.storage`: the job works in a local staging
+            folder, `out_dir` then, and mirrors it there after every checkpoint and at the end).
         report: called with each evaluation's record (the CLI prints a console line from it).
         resume: continue from the newest usable checkpoint in `out_dir` (its counters, weights,
             shard plan and curve).
@@ -61,7 +64,8 @@ class TrainingJob:
     def __init__(self, spec: JobSpec, out_dir: str | Path, report: Report | None = None, resume: bool = False,
                  use_ray: bool | None = None, pool=None, overwrite: bool = False, keep_checkpoints: int = KEEP):
         self.use_ray = spec.learners.max > 1 if use_ray is None else use_ray
-        self.spec, self.out_dir, self.resume, self.pool = spec, Path(out_dir), resume, pool
+        self.storage = RunStorage(out_dir)
+        self.spec, self.out_dir, self.resume, self.pool = spec, self.storage.local, resume, pool
         self.overwrite, self.keep_checkpoints = overwrite, keep_checkpoints
         self.run_dir = RunDir(self.out_dir)
         self.report = report or (lambda record: None)
@@ -79,6 +83,7 @@ class TrainingJob:
         self._weights_diverged = False  # an evaluation read non-finite weights: roll back
         self._first_step_at: float | None = None
         self.recoveries: list[dict] = []  # membership changes: when, when re-formed, when stepping again
+        self._newest_checkpoint: str | None = None  # its file name, once one is written
 
     @property
     def node_groups(self) -> list[list[int]]:
@@ -105,11 +110,21 @@ class TrainingJob:
         try:
             return self._run()
         finally:
-            self.run_dir.release()
+            try:
+                self.storage.push()  # however the run ends, what it wrote reaches its storage
+            finally:
+                self.run_dir.release()
+                self.storage.close()
 
     def claim(self) -> None:
-        """Lock and check the output folder (`RunDir.claim`): `run` does it; the CLI does it first,
-        before it starts Ray."""
+        """Check the output (a URI: what it holds, `RunStorage.check`; brought here for a
+        resume) and lock the folder the job writes in (`RunDir.claim`): `run` does it; the CLI
+        does it first, before it starts Ray."""
+        if self.run_dir.held:
+            return
+        self.storage.check(resume=self.resume, overwrite=self.overwrite)
+        if self.resume:
+            self.storage.pull()
         self.run_dir.claim(resume=self.resume, overwrite=self.overwrite)
 
     def _run(self) -> dict:
@@ -188,6 +203,8 @@ class TrainingJob:
             if self._interrupted.is_set():
                 raise KeyboardInterrupt
             m.poll()
+            m.check_drains()
+            m.retire_leaving(running=set(pending.values()))
             if m.below_min():
                 self._drain(pending)
                 m.wait_for_min()
@@ -229,6 +246,8 @@ class TrainingJob:
                 losses = []
                 continue
             for learner_id, stats in results:
+                if stats.get("leaving"):
+                    m.leaving(learner_id, stats["leaving"])
                 loss = self._observe(learner_id, stats)
                 if loss is not None:
                     losses.append((loss, len(stats["step_seconds"])))
@@ -392,7 +411,20 @@ class TrainingJob:
         state = {"spec": self.spec.model_dump(mode="json"), "learners": list(states.values()),
                  "learner_ids": list(states), "planner": plan, "model": self.eval_model.state_dict(),
                  "job": {"wall_s": wall_s, "evals": self.evals, "retired_samples": m.retired_samples}}
-        return write_checkpoint(self.out_dir, state, step, self.keep_checkpoints)
+        path = write_checkpoint(self.out_dir, state, step, self.keep_checkpoints)
+        self.storage.push()
+        self._newest_checkpoint = path.name
+        return path
+
+    def checkpoint_location(self) -> str:
+        """Where the run's newest checkpoint is kept: `checkpoint.pt` in a folder, the newest
+        `checkpoint-<step>.pt` at a URI."""
+        if self.storage.uri is None:
+            return str(self.out_dir / LATEST)
+        newest = numbered(self.out_dir) if self.out_dir.is_dir() else []
+        if newest:
+            self._newest_checkpoint = newest[0].name  # the staging folder goes when the run ends
+        return self.storage.locate(self._newest_checkpoint or LATEST)
 
     def _read_checkpoint(self) -> dict:
         """The newest usable checkpoint (unusable newer ones are logged and set aside)."""
@@ -516,8 +548,9 @@ class TrainingJob:
             "events": events,
             "recoveries": self.recoveries,
             "nodes": m.nodes_used(),
+            "accelerators": m.by_accelerator(),
             "skipped_utterances": dict(self.workload.train.skipped.counts) if self.evals else {},
-            "checkpoint": str(self.out_dir / "checkpoint.pt"),
+            "checkpoint": self.checkpoint_location(),
         })
 
 

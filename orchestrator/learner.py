@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import threading
 import time
 from contextlib import contextmanager
@@ -66,6 +67,7 @@ class Learner:
         # between steps and while waiting on the group: what the driver's watchdog judges
         self.computing_since: float | None = None
         self._stall_s = 0.0  # simulate_stall: the next step hangs this long (tests of the watchdog)
+        self.leaving: str | None = None  # why this learner must leave (drain, SIGTERM): it stops at a step's end
         self._reset_chunk()
 
     # -- data ---------------------------------------------------------------------------------
@@ -283,7 +285,7 @@ class LearnerService:
     def hello(self) -> dict:
         """Answers once the learner is built (and any state sent before it loaded): its node and
         counters."""
-        return {"node": self.node_id(), "ready_at": time.time(), **self.learner.counters()}
+        return {"node": self.node_id(), "pid": os.getpid(), "ready_at": time.time(), **self.learner.counters()}
 
     def join(self, group_state) -> None:
         """Attach this learner to its group (a groups.* member object, built by the driver),
@@ -305,6 +307,12 @@ class LearnerService:
         """Its step count and since when its current step has been computing (None while it waits
         on its group or between chunks), answered even in the middle of a step."""
         return {"step": self.learner.step, "computing_since": self.learner.computing_since}
+
+    @ray.method(concurrency_group="mix")
+    def leave(self, reason: str) -> None:
+        """This learner must leave (its node is drained): it ends its chunk at the end of the step
+        in flight where its group allows (`stops_alone`), else at the chunk's end."""
+        self.learner.leaving = self.learner.leaving or reason
 
     @ray.method(concurrency_group="mix")
     def simulate_exit_in_join(self) -> None:
@@ -355,7 +363,9 @@ class LearnerService:
                 broken = str(exc)
                 break
             idle = idle + 1 if learner.step == before else 0
-        return {**learner.take_stats(), "broken": broken}
+            if learner.leaving and getattr(self.group, "stops_alone", True):
+                break  # the step in flight is done; a collective's member finishes the chunk its peers run
+        return {**learner.take_stats(), "broken": broken, "leaving": learner.leaving}
 
     def mix(self, rounds: int) -> int:
         """`rounds` gossip exchanges without gradient steps; returns this learner's averages."""
@@ -404,4 +414,17 @@ class LearnerService:
             self.group.close()
 
 
-LearnerActor = ray.remote(concurrency_groups={"mix": 1})(LearnerService)
+class _LearnerProcess(LearnerService):
+    """A learner in a process of its own (a Ray actor): SIGTERM (a preempted node or pod, a
+    `kill`) makes it leave gracefully, as a drain does, rather than die."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def _on_sigterm(self, signum, frame) -> None:
+        self.learner.leaving = self.learner.leaving or "SIGTERM"
+
+
+LearnerActor = ray.remote(concurrency_groups={"mix": 1})(_LearnerProcess)

@@ -29,12 +29,17 @@ def free_port() -> int:
 
 
 class HeadNode:
-    """Args: cpus, token (turn token authentication on, with a fresh token in `token_file`)."""
+    """Args: cpus, token (turn token authentication on, with a fresh token in `token_file`),
+    autoscaling (a cluster config's `available_node_types`, `head_node_type` and limits: the head
+    then runs Ray's autoscaler with its `fake_multinode` provider, which launches and terminates
+    real raylets on this machine as the cluster's demand asks; see `fake_cluster_config`),
+    env (more environment for the head's processes, e.g. the autoscaler's settings)."""
 
-    def __init__(self, cpus: int = 3, token: bool = True):
+    def __init__(self, cpus: int = 3, token: bool = True, autoscaling: dict | None = None, env: dict | None = None):
         self.temp_dir = Path(tempfile.mkdtemp(prefix="chorus-head-", dir="/tmp"))  # short: Ray's socket paths
         self.token_file = self.temp_dir / "auth_token"
-        self.env = {**os.environ, "PATH": f"{BIN}:{os.environ.get('PATH', '')}", "RAY_AUTH_MODE": "disabled"}
+        self.env = {**os.environ, "PATH": f"{BIN}:{os.environ.get('PATH', '')}", "RAY_AUTH_MODE": "disabled",
+                    **(env or {})}
         if token:
             self.token_file.write_text(secrets.token_hex(16))
             self.env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(self.token_file))
@@ -49,6 +54,12 @@ class HeadNode:
                    "--dashboard-agent-listen-port", str(free_port()),
                    "--num-cpus", str(cpus), "--temp-dir", str(self.temp_dir), "--disable-usage-stats",
                    "--system-config", json.dumps({"metrics_report_interval_ms": 1000}, allow_nan=False)]
+        if autoscaling is not None:
+            config = fake_cluster_config(autoscaling, f"127.0.0.1:{self.gcs_port}")
+            config_path = self.temp_dir / "autoscaling.json"
+            config_path.write_text(json.dumps(config))
+            command.append(f"--autoscaling-config={config_path}")
+            self.env.update(RAY_FAKE_CLUSTER="1", AUTOSCALER_UPDATE_INTERVAL_S="1")
         proc = subprocess.run(command, env=self.env, capture_output=True, text=True, timeout=120)
         if proc.returncode != 0:
             self.stop()
@@ -99,6 +110,32 @@ class HeadNode:
                 pids = [pid for pid in pids if Path(f"/proc/{pid}").exists() and not _zombie(pid)]
                 time.sleep(0.1)
         shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+FAKE_HEAD_TYPE = "ray.head.default"  # the fake provider's name for the head's node type
+
+
+def fake_cluster_config(cluster: dict, gcs_address: str) -> dict:
+    """A cluster config for Ray's `fake_multinode` provider from `cluster`'s node types and
+    limits (`available_node_types`, `head_node_type`, `max_workers`, `idle_timeout_minutes`,
+    `upscaling_speed`): the head's type is renamed to the provider's own, and every command and
+    file mount is empty (the nodes are processes on this machine)."""
+    types = {name: {"resources": dict(t.get("resources", {})), "node_config": {},
+                    "min_workers": t.get("min_workers", 0), "max_workers": t.get("max_workers", 0),
+                    **({"labels": dict(t["labels"])} if t.get("labels") else {})}
+             for name, t in cluster["available_node_types"].items()}
+    types[FAKE_HEAD_TYPE] = {**types.pop(cluster["head_node_type"]), "min_workers": 0, "max_workers": 0}
+    return {"cluster_name": cluster.get("cluster_name", "chorus-fake"),
+            "max_workers": cluster.get("max_workers", sum(t["max_workers"] for t in types.values())),
+            "upscaling_speed": cluster.get("upscaling_speed", 1.0),
+            "idle_timeout_minutes": cluster.get("idle_timeout_minutes", 0.1),
+            "provider": {"type": "fake_multinode", "gcs_address": gcs_address, "use_node_id_as_ip": True,
+                         "disable_node_updaters": True, "disable_launch_config_check": True},
+            "available_node_types": types, "head_node_type": FAKE_HEAD_TYPE, "auth": {}, "docker": {},
+            "initialization_commands": [], "setup_commands": [], "head_setup_commands": [],
+            "worker_setup_commands": [], "head_start_ray_commands": [], "worker_start_ray_commands": [],
+            "file_mounts": {}, "cluster_synced_files": [], "file_mounts_sync_continuously": False,
+            "rsync_exclude": [], "rsync_filter": []}
 
 
 def _zombie(pid: int) -> bool:

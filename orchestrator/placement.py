@@ -26,23 +26,21 @@ class PlacementTimeout(RuntimeError):
 
 
 def learner_bundle(cpus: float, use_gpus: bool, resources: dict[str, float] | None = None) -> dict:
-    """One learner's reservation: its CPUs, a GPU when the cluster has any, and custom resources."""
+    """One learner's reservation: its CPUs, a GPU when it asks for one, and custom resources."""
     bundle = {"CPU": cpus, **(resources or {})}
     return {**bundle, "GPU": 1} if use_gpus else bundle
 
 
-def cluster_has_gpus() -> bool:
-    return ray.cluster_resources().get("GPU", 0) >= 1
-
-
 @dataclass
 class Slot:
-    """Where one learner runs: bundle `index` of placement group `pg`, which is either the
-    learner's own (freeing the slot removes it) or lent by a `BundlePool` (freeing gives it back)."""
+    """Where one learner runs: bundle `index` (of resources `bundle`) of placement group `pg`,
+    which is either the learner's own (freeing the slot removes it) or lent by a `BundlePool`
+    (freeing gives it back)."""
 
     pg: object
     index: int = 0
     pool: BundlePool | None = None
+    bundle: dict = field(default_factory=dict)
 
     def ready(self):
         return self.pg.ready()
@@ -77,7 +75,7 @@ class BundlePool:
         return cls(pg, list(range(1, len(specs))), dict(specs[1]) if len(specs) > 1 else {})
 
     def take(self) -> Slot | None:
-        return Slot(self.pg, self._free.pop(0), self) if self._free else None
+        return Slot(self.pg, self._free.pop(0), self, self.bundle) if self._free else None
 
     def give_back(self, index: int) -> None:
         if index not in self._free:
@@ -89,12 +87,13 @@ def request_slot(job_id: str, learner_id: int, bundle: dict, pool: BundlePool | 
     bundle of `pool` (None when all are taken)."""
     if pool is not None:
         return pool.take()
-    return Slot(placement_group([bundle], strategy="PACK", name=f"{job_id}/learner-{learner_id}"))
+    return Slot(placement_group([bundle], strategy="PACK", name=f"{job_id}/learner-{learner_id}"), bundle=bundle)
 
 
-def start_learner(job_id: str, learner_id: int, slot: Slot, bundle: dict, workload_config: dict, seed: int, planner,
+def start_learner(job_id: str, learner_id: int, slot: Slot, workload_config: dict, seed: int, planner,
                   slowdown: float = 1.0):
     """The learner actor for a placed slot (returns at once; `ready()` answers once it is built)."""
+    bundle = slot.bundle
     cpus = bundle.get("CPU", 1.0)
     return LearnerActor.options(
         name=f"{job_id}/learner-{learner_id}", num_cpus=cpus, num_gpus=bundle.get("GPU", 0),
@@ -106,7 +105,9 @@ def start_learner(job_id: str, learner_id: int, slot: Slot, bundle: dict, worklo
 def place_learners(job_id: str, count: int, cpus_per_learner: float, workload_config: dict, seed: int,
                    timeout_s: float = 120.0):
     """A fixed set of `count` learners sharing one static shard plan (tests); returns (slots, actors)."""
-    bundle = learner_bundle(cpus_per_learner, cluster_has_gpus())
+    from orchestrator.capacity import use_gpus
+
+    bundle = learner_bundle(cpus_per_learner, use_gpus("auto"))
     slots = [request_slot(job_id, i, bundle) for i in range(count)]
     ready, _ = ray.wait([slot.ready() for slot in slots], num_returns=count, timeout=timeout_s)
     if len(ready) < count:
@@ -115,7 +116,7 @@ def place_learners(job_id: str, count: int, cpus_per_learner: float, workload_co
             f"{job_id}: could not reserve {count} learners of {bundle} within {timeout_s:.0f}s; "
             f"the cluster has {ray.available_resources()} available")
     planner = ShardPlanner(list(range(count)))
-    actors = [start_learner(job_id, i, slot, bundle, workload_config, seed, planner) for i, slot in enumerate(slots)]
+    actors = [start_learner(job_id, i, slot, workload_config, seed, planner) for i, slot in enumerate(slots)]
     return slots, actors
 
 

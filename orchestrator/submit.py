@@ -2,8 +2,10 @@
 
 `submit` validates the spec here (a bad spec never reaches the cluster), uploads the project as
 the job's `runtime_env.working_dir` (what `.gitignore` excludes stays out; Ray leaves out `.git`
-and `.venv` too), and runs `python -m orchestrator.cli train|sweep SPEC ...` as the job's
-entrypoint (the cluster's `python`), with the spec's name and kind as job metadata. Every request
+and `.venv` too), and runs `python -m orchestrator.cli train|sweep env:CHORUS_SPEC --set ...` as
+the job's entrypoint (the cluster's `python`): the spec itself travels in the job's environment,
+whatever folder it came from, and the `--set` overrides in its command line, where the
+dashboard shows them. The spec's name and kind are job metadata. Every request
 carries the cluster's token when one is found the way Ray finds it (`RAY_AUTH_TOKEN`, the file
 named by `RAY_AUTH_TOKEN_PATH`, `~/.ray/auth_token`); every failure is a `SubmitError` whose
 message is one line that says what to do.
@@ -113,32 +115,30 @@ class Cluster:
         except ValueError as exc:  # Ray's package size check
             raise SubmitError(f"cannot upload the working dir: {_first_line(exc)}") from None
 
-    def submit(self, spec_path: Path, overrides: list[str], out: str | None = None,
-               working_dir: Path | None = None, env: dict[str, str] | None = None, cpus: float = 1.0,
+    def submit(self, spec_path: Path, overrides: list[str], out: str | None = None, resume: bool = False,
+               working_dir: Path | None = None, env: dict[str, str] | None = None, cpus: float = 0.0,
                gpus: float = 0.0, resources: dict[str, float] | None = None) -> tuple[str, str, str]:
         """Submit the job or sweep spec at `spec_path`, checked by `validate` before anything
         connects; returns (its kind, its name, the submission id)."""
         kind, name = validate(spec_path, overrides)
         root = (working_dir or PROJECT).resolve()
-        try:
-            relative = Path(spec_path).resolve().relative_to(root)
-        except ValueError:
-            raise SubmitError(f"{spec_path}: the spec must be inside the working dir {root}, which is uploaded "
-                              "with it (or pass --working-dir)") from None
-        command = ["python", "-m", "orchestrator.cli", "train" if kind == "job" else "sweep", str(relative)]
+        env = {**(env or {}), SPEC_VARIABLE: spec_text(Path(spec_path))}  # the spec travels on its own
+        command = ["python", "-m", "orchestrator.cli", "train" if kind == "job" else "sweep", f"env:{SPEC_VARIABLE}"]
         for override in overrides:
             command += ["--set", override]
         if out:
             command += ["--out", out]
+        if resume:
+            command += ["--resume"]
         submission_id = f"chorus-{kind}-{name}-{uuid.uuid4().hex[:8]}"
         logging.getLogger("ray").setLevel(logging.WARNING)  # not a line per ignored file
         logging.getLogger("ray._private.runtime_env.working_dir").setLevel(logging.ERROR)  # ".venv is ignored"
         def submit_job():
             return self.client.submit_job(
                 entrypoint=shlex.join(command), submission_id=submission_id,
-                runtime_env={"working_dir": str(root), "env_vars": dict(env or {})},
+                runtime_env={"working_dir": str(root), "env_vars": env},
                 metadata={"job_name": f"{name} ({kind})",  # the Name column of the dashboard's Jobs page
-                          "chorus_kind": kind, "chorus_spec": name, "chorus_spec_file": str(relative)},
+                          "chorus_kind": kind, "chorus_spec": name, "chorus_spec_file": str(spec_path)},
                 entrypoint_num_cpus=cpus, entrypoint_num_gpus=gpus or None, entrypoint_resources=resources or None)
 
         deadline = time.monotonic() + AGENT_WAIT_S
@@ -172,6 +172,22 @@ class Cluster:
 
         self._call(lambda: asyncio.run(tail()), job_id)
         return str(self.info(job_id).status.value)
+
+
+SPEC_VARIABLE = "CHORUS_SPEC"  # the submitted spec's text, in the job's environment
+
+
+def spec_text(spec_path: Path) -> str:
+    """The spec as it travels with a submission: its own text, with a sweep's job given as a path
+    (relative to the sweep's folder) put inline, so nothing else of the folder it came from is needed."""
+    raw = yaml.safe_load(spec_path.read_text())
+    if isinstance(raw, dict) and isinstance(raw.get("job"), str) and ("space" in raw or "method" in raw):
+        job = Path(raw["job"])
+        if not job.is_file() and (spec_path.parent / job).is_file():
+            job = spec_path.parent / job
+        raw["job"] = yaml.safe_load(job.read_text())
+        return yaml.safe_dump(raw, sort_keys=False)
+    return spec_path.read_text()
 
 
 def _first_line(exc: BaseException) -> str:

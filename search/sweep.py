@@ -41,9 +41,9 @@ def run_sweep(sweep: SweepSpec, out: str | Path, resume: bool = False, trainable
         reuse_actors: let Tune reuse trial actors (cheap stand-in trials only: a distributed
             trial's learners belong to its own placement group).
     """
-    import ray
     from ray import tune
 
+    from orchestrator.capacity import use_gpus
     from search.gauges import SweepGauges
     from search.methods import build_method
     from search.trial import run_trial, trial_resources, trial_scratch
@@ -51,8 +51,8 @@ def run_sweep(sweep: SweepSpec, out: str | Path, resume: bool = False, trainable
     out = Path(out).resolve()
     experiment = out / EXPERIMENT
     if resources is None:
-        use_gpus = ray.cluster_resources().get("GPU", 0) >= 1
-        resources = lambda n: trial_resources(sweep, n, use_gpus)  # noqa: E731
+        gpus = use_gpus(sweep.job.get("accelerator", "auto"))
+        resources = lambda n: trial_resources(sweep, n, gpus)  # noqa: E731
     first = resources(sweep.learners_for(0))
     _check_fits(first)
     fn = tune.with_resources(tune.with_parameters(trainable or run_trial, sweep_raw=sweep.model_dump(mode="json")),
@@ -82,10 +82,11 @@ def run_sweep(sweep: SweepSpec, out: str | Path, resume: bool = False, trainable
 
 
 def _check_fits(pgf) -> None:
-    """Fail at once when not even one trial fits the cluster as it is (instead of waiting)."""
-    import ray
+    """Fail at once when not even one trial fits the cluster, even once its autoscaler (if any)
+    has launched every node it may (instead of waiting)."""
+    from orchestrator.capacity import most_resources
 
-    total = ray.cluster_resources()
+    total = most_resources()
     need: dict[str, float] = {}
     for bundle in pgf.bundles:
         for key, value in bundle.items():

@@ -79,10 +79,13 @@ def prometheus(head, tmp_path_factory):
 @pytest.fixture(scope="module")
 def submitted(head, prometheus, corpus, tmp_path_factory):
     """A 2-learner gossip job and a 2-trial sweep, each submitted with `chorus submit --follow`
-    (with the head's token), one after the other: {"job": ..., "sweep": ...} CompletedProcesses."""
+    (with the head's token), one after the other: {"job": ..., "sweep": ...} CompletedProcesses.
+    The job's spec is a copy of tiny.yaml in a folder outside the project: it travels on its own."""
     env = {**head.env, "RAY_AUTH_MODE": "disabled"}  # the client finds the token whatever the mode says
     out = tmp_path_factory.mktemp("submitted")  # "shared storage": the cluster's working dir is temporary
-    job = chorus("submit", "jobs/configs/tiny.yaml", "--address", head.address, "--follow", "--out", str(out / "job"),
+    elsewhere = tmp_path_factory.mktemp("elsewhere") / "my.yaml"
+    shutil.copy(ROOT / "jobs" / "configs" / "tiny.yaml", elsewhere)
+    job = chorus("submit", str(elsewhere), "--address", head.address, "--follow", "--out", str(out / "job"),
                  *_sets(_data(corpus) + SMALL_MODEL + ["learners=2", "group.kind=gossip", "budget.epochs=2",
                                                        "data.max_batch_seconds=20", "optim.warmup_steps=5"]), env=env)
     sweep = chorus("submit", "search/configs/bohb_tiny.yaml", "--address", head.address, "--follow",
@@ -90,7 +93,7 @@ def submitted(head, prometheus, corpus, tmp_path_factory):
                    *_sets(_data(corpus, "job.") + [f"job.{s}" for s in SMALL_MODEL] + [
                        "method=random", "trials=2", "budget.max=1", "budget.min=1", "learners=1",
                        "driver_cpus=0.5", "cpus_per_learner=0.5", "job.data.max_batch_seconds=20"]), env=env)
-    return {"job": job, "sweep": sweep, "env": env, "out": out}
+    return {"job": job, "sweep": sweep, "env": env, "out": out, "spec": elsewhere}
 
 
 def _summary(stdout: str) -> dict:
@@ -117,7 +120,7 @@ def test_submit_a_job_follow_it_to_success_and_find_its_summary_in_its_logs(head
     info = json.loads(status.stdout.splitlines()[-1])
     assert info["status"] == "SUCCEEDED"
     assert info["metadata"] == {"job_name": "tiny (job)", "chorus_kind": "job", "chorus_spec": "tiny",
-                                "chorus_spec_file": "jobs/configs/tiny.yaml"}
+                                "chorus_spec_file": str(submitted["spec"])}
     listed = chorus("jobs", "list", "--address", head.address, env=submitted["env"])
     row = next(line for line in listed.stdout.splitlines() if line.startswith(job_id))
     assert row.split()[1:4] == ["SUCCEEDED", "job", "tiny"]
@@ -233,10 +236,9 @@ def _alive_on_head(head, what: str) -> list[dict]:
 @pytest.mark.parametrize("stopper", ["chorus jobs stop", "ray job stop"])
 def test_a_submitted_job_stopped_by_chorus_or_ray_leaves_nothing_on_the_cluster(head, corpus, tmp_path, stopper):
     env = {**head.env, "RAY_AUTH_MODE": "disabled"}
+    sets = _sets(_data(corpus) + SMALL_MODEL + ["learners=2", "group.kind=gossip", "data.max_batch_seconds=20"])
     submitted = chorus("submit", "jobs/configs/tiny.yaml", "--address", head.address, "--out", str(tmp_path / "job"),
-                       *_sets(_data(corpus) + SMALL_MODEL + ["learners=2", "group.kind=gossip", "budget.epochs=10000",
-                                                             "budget.wall_seconds=300", "data.max_batch_seconds=20"]),
-                       env=env)
+                       *sets, *_sets(["budget.epochs=10000", "budget.wall_seconds=300"]), env=env)
     assert submitted.returncode == 0, submitted.stderr
     job_id = submitted.stdout.splitlines()[0]
     deadline = time.monotonic() + 120
@@ -250,7 +252,7 @@ def test_a_submitted_job_stopped_by_chorus_or_ray_leaves_nothing_on_the_cluster(
     else:
         stop = chorus("jobs", "stop", job_id, "--address", head.address, env=env)
     assert stop.returncode == 0, stop.stderr
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 10  # the job's learners and placement groups go within 10 s
     while time.monotonic() < deadline:
         left = {what: [item.get("name") for item in _alive_on_head(head, what) if (item.get("name") or "")
                        .startswith("tiny-")] for what in ("actors", "placement_groups")}
@@ -260,3 +262,16 @@ def test_a_submitted_job_stopped_by_chorus_or_ray_leaves_nothing_on_the_cluster(
     assert not any(left.values()), left
     logs = chorus("jobs", "logs", job_id, "--address", head.address, env=env).stdout
     assert "Traceback" not in logs, logs[-3000:]
+    if stopper == "chorus jobs stop":
+        return
+    # the checkpoint was kept: the same submission with --resume continues from it, for one epoch more
+    kept = [json.loads(line) for line in (tmp_path / "job" / "evals.jsonl").read_text().splitlines()]
+    assert kept, "no evaluation was kept"
+    resumed = chorus("submit", "jobs/configs/tiny.yaml", "--address", head.address, "--out", str(tmp_path / "job"),
+                     "--resume", "--follow", *sets, *_sets([f"budget.epochs={int(kept[-1]['epoch']) + 1}"]), env=env)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-2000:]
+    curve = [json.loads(line) for line in (tmp_path / "job" / "evals.jsonl").read_text().splitlines()]
+    superseded = tmp_path / "job" / "evals.superseded.jsonl"  # an evaluation whose checkpoint the stop cut short
+    past = [json.loads(line) for line in superseded.read_text().splitlines()] if superseded.is_file() else []
+    kept = [e for e in kept if e not in past]
+    assert curve[:len(kept)] == kept and curve[-1]["step"] > kept[-1]["step"], (kept, curve)

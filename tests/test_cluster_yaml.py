@@ -46,9 +46,21 @@ def test_two_gpu_generations_a_head_and_the_setup_chorus_needs():
     generations = {t["labels"]["chorus-accelerator"] for t in workers.values()}
     assert len(generations) == 2
     for t in workers.values():
-        assert set(t["resources"]) == {t["labels"]["chorus-accelerator"]}  # its own custom resource
+        # its GPUs declared (a job's `accelerator: auto` reads them before any node exists) and
+        # its own custom resource, one per GPU
+        assert set(t["resources"]) == {"CPU", "GPU", t["labels"]["chorus-accelerator"]}
+        assert t["resources"]["GPU"] >= 1 and t["resources"][t["labels"]["chorus-accelerator"]] == t["resources"]["GPU"]
         assert 0 <= t["min_workers"] <= t["max_workers"] <= config["max_workers"]
     setup = " ".join(config["setup_commands"])
     assert "pip install" in setup and "~/chorus" in setup and config["file_mounts"]["~/chorus"] == "."
     head_start = " ".join(config["head_start_ray_commands"])
     assert "--dashboard-host=127.0.0.1" in head_start and "RAY_AUTH_MODE=token" in head_start
+
+
+def test_what_a_job_reads_of_the_node_types_its_autoscaler_may_launch():
+    from orchestrator.capacity import node_types_of
+
+    types = {t.name: t for t in node_types_of(_config())}
+    assert set(types) == {"gpu_v100", "gpu_a10g"}  # not the head
+    assert types["gpu_v100"].resources["GPU"] == 8 and types["gpu_v100"].max_count == 2
+    assert types["gpu_a10g"].resources["A10G"] == 4 and types["gpu_a10g"].max_count == 4

@@ -48,6 +48,13 @@ def test_valid_spec_and_overrides(spec_file):
     (["simulate.slowdown={1: 3.0}"], "simulate.slowdown names learner 1, but the job has at most 1 (indices 0..0)"),
     (["learners=2", "simulate.slowdown={0: 0.5}"],
      "simulate.slowdown (from --set): learner 0: factor 0.5 is below 1"),
+    (["accelerator=tpu"], "accelerator (from --set): Input should be 'auto', 'gpu' or 'cpu'"),
+    (["learner_resources={GPU: 1}"],
+     "learner_resources (from --set): GPU is set by accelerator, not learner_resources"),
+    (["learner_resources={V100: -1}"], "learner_resources (from --set): V100: -1.0 is negative"),
+    (["accelerator_types=[V100, A10G]", "learner_resources={V100: 1}"],
+     "V100 is in both accelerator_types and learner_resources"),
+    (["accelerator_types=[V100, V100]"], "accelerator_types lists a kind twice"),
 ])
 def test_bad_values_name_the_file_and_key(spec_file, overrides, expected):
     with pytest.raises(SpecError) as err:

@@ -46,6 +46,7 @@ def test_planner_fixes_each_epochs_split_when_first_asked():
 import json  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
@@ -168,26 +169,28 @@ def test_chaos_kill_a_learner_lose_a_node_gain_a_node(chaos_cluster, corpus, tmp
 
 
 def test_train_waits_for_min_learners_then_gives_up_cleanly(ray_cluster, corpus, tmp_path):
-    """No node offers the resource the learners ask for: `chorus train` says what it waits for,
-    exits non-zero after learners.wait_timeout_s and leaves nothing on the cluster."""
-    import subprocess
-    import sys
-
+    """The learners' capacity exists but another holder has it: `chorus train` says what it waits
+    for, exits non-zero after learners.wait_timeout_s and leaves nothing on the cluster."""
     import ray
     from ray.util import placement_group_table
+    from ray.util.placement_group import placement_group, remove_placement_group
 
-    spec = tmp_path / "wait.yaml"
-    spec.write_text(json.dumps({
-        "name": "waits", "learners": {"min": 2, "max": 3, "wait_timeout_s": 4},
-        "learner_resources": {"a100": 1}, "group": {"kind": "gossip"},
-        "data": {"train": str(corpus / "train.jsonl"), "max_batch_seconds": 10}, "budget": {"epochs": 1}}))
-    started = time.time()
-    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "train", str(spec), "--out", str(tmp_path / "run"),
-                           "--address", ray_cluster.address], capture_output=True, text=True, timeout=120)
+    holder = placement_group([{"learner_slot": 2}], name="someone-else")  # both of the cluster's slots
+    ray.get(holder.ready(), timeout=60)
+    try:
+        spec = tmp_path / "wait.yaml"
+        spec.write_text(json.dumps({
+            "name": "waits", "learners": {"min": 2, "max": 3, "wait_timeout_s": 4},
+            "learner_resources": {"learner_slot": 1}, "group": {"kind": "gossip"},
+            "data": {"train": str(corpus / "train.jsonl"), "max_batch_seconds": 10}, "budget": {"epochs": 1}}))
+        started = time.time()
+        proc = _chorus_train(spec, tmp_path / "run", ray_cluster.address)
+    finally:
+        remove_placement_group(holder)
     assert proc.returncode == 3, proc.stderr
     assert "Traceback" not in proc.stderr
-    assert "0 of at least 2 learners placed; waiting for capacity for 2 more ({'CPU': 1.0, 'a100': 1.0} each; " \
-        "free now: {'CPU': 4.0, 'a100': 0})" in proc.stderr, proc.stderr
+    assert "0 of at least 2 learners placed; waiting for capacity for 2 more ({'CPU': 1.0, 'learner_slot': 1.0} " \
+        "each; free now: {'CPU': 4.0, 'learner_slot': 0})" in proc.stderr, proc.stderr
     assert "gave up waiting for capacity for 2 more" in proc.stderr
     assert "after 4 s (learners.wait_timeout_s); nothing of the job is left on the cluster" in proc.stderr
     assert time.time() - started < 60
@@ -196,6 +199,46 @@ def test_train_waits_for_min_learners_then_gives_up_cleanly(ray_cluster, corpus,
     assert not [a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith("waits-")]
     groups = [g for g in placement_group_table().values() if g["name"].startswith("waits-")]
     assert len(groups) == 3 and all(g["state"] == "REMOVED" for g in groups), groups
+
+
+@pytest.mark.parametrize("ask, advice", [
+    ({"learners": 5, "cpus_per_learner": 1},
+     "learners.min is 5 learners of {CPU: 1}, but this cluster has no autoscaler and holds at most 4 (2 nodes: "
+     "4 CPUs, 0 GPUs in all); lower learners.min (or learners), or cpus_per_learner (now 1; e.g. 0.5)"),
+    ({"learners": {"min": 2, "max": 3}, "learner_resources": {"a100": 1}},
+     "learners.min is 2 learners of {CPU: 1, a100: 1}, but this cluster has no autoscaler and holds at most 0"),
+    ({"learners": 2, "accelerator": "gpu"},
+     "learners.min is 2 learners of {CPU: 1, GPU: 1}, but this cluster has no autoscaler and holds at most 0 "
+     "(2 nodes: 4 CPUs, 0 GPUs in all); lower learners.min (or learners), or set accelerator: cpu"),
+])
+def test_a_minimum_no_node_can_ever_hold_fails_at_once_with_advice(ray_cluster, corpus, tmp_path, ask, advice):
+    """On a cluster without an autoscaler, learners that can never all be placed are refused
+    at once (not after learners.wait_timeout_s), saying what the cluster has and what to change."""
+    import ray
+    from ray.util import placement_group_table
+
+    spec = tmp_path / "never.yaml"
+    spec.write_text(json.dumps({
+        "name": "never", "learners": ask["learners"], "group": {"kind": "gossip"},
+        **{k: v for k, v in ask.items() if k != "learners"},
+        "data": {"train": str(corpus / "train.jsonl"), "max_batch_seconds": 10}, "budget": {"epochs": 1}}))
+    started = time.time()
+    proc = _chorus_train(spec, tmp_path / "run", ray_cluster.address)  # learners.wait_timeout_s: 600 s
+    assert proc.returncode == 3, proc.stderr
+    said = [line for line in proc.stderr.splitlines() if line.startswith("chorus:")]
+    assert len(said) == 1 and advice in said[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert time.time() - started < 60  # not learners.wait_timeout_s (600 s)
+    assert not [g for g in placement_group_table().values() if g["name"].startswith("never-")]
+    assert not [a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith("never-")]
+
+
+def _chorus_train(spec: Path, out: Path, address: str):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "orchestrator.cli", "train", str(spec), "--out", str(out),
+                           "--address", address], capture_output=True, text=True, timeout=120)
 
 
 def test_balance_helpers():
@@ -349,3 +392,73 @@ def test_no_exit_path_of_chorus_train_leaves_anything_on_the_cluster(ray_cluster
     while _job_leftovers(f"{name}-") and time.time() < deadline:
         time.sleep(0.5)
     assert not _job_leftovers(f"{name}-")
+
+
+def _chaos_job(tmp_path, corpus, name: str, kind: str) -> tuple[TrainingJob, threading.Thread]:
+    spec = parse_spec({
+        "name": name, "learners": {"min": 1, "max": 2}, "learner_resources": {"learner_slot": 1},
+        "group": {"kind": kind}, "data": {"train": str(corpus / "train.jsonl"), "dev": str(corpus / "dev.jsonl"),
+                                          "max_batch_seconds": 10},
+        "model": {"subsample_channels": 8, "d_model": 32, "hidden": 32, "layers": 1},
+        "optim": {"lr": 3e-3, "warmup_steps": 10, "schedule": "constant"},
+        "budget": {"epochs": 10_000, "wall_seconds": 300, "eval_every_seconds": 5}})
+    job = TrainingJob(spec, tmp_path)
+    return job, _start(job)
+
+
+def _events(job, kind: str) -> list[dict]:
+    return [e for e in (job.events.recorded if job.events else []) if e["kind"] == kind]
+
+
+@pytest.mark.own_process
+@pytest.mark.parametrize("kind", ["gossip", "allreduce"])
+def test_a_drained_nodes_learners_leave_the_group_cleanly(chaos_cluster, corpus, tmp_path, kind):
+    """`ray drain-node --reason DRAIN_NODE_REASON_PREEMPTION` (what the autoscaler does before a
+    spot node goes): its learners finish their step, leave (gossip: a neighbour keeps their last
+    average), a `drain` event names the reason, nothing counts as a failure, their slots are asked
+    for again and the others step on."""
+    import subprocess
+    import sys
+
+    cluster, node_a, _ = chaos_cluster
+    job, thread = _chaos_job(tmp_path, corpus, f"drain-{kind}", kind)
+    _wait_for("2 learners and an evaluation", lambda: len(_events(job, "join")) == 2 and job.evals, thread)
+    joined = {e["learner"]: e["node"] for e in _events(job, "join")}
+    victim = next((n for n in joined.values() if n == node_a.node_id), joined[0])
+    on_victim = sorted(i for i, n in joined.items() if n == victim)
+    ray_cli = str(Path(sys.executable).parent / "ray")
+    drained = subprocess.run([ray_cli, "drain-node", "--address", cluster.address, "--reason",
+                              "DRAIN_NODE_REASON_PREEMPTION", "--reason-message", "spot",
+                              "--deadline-remaining-seconds", "120", "--node-id", victim],
+                             capture_output=True, text=True, timeout=60)
+    assert drained.returncode == 0, drained.stderr
+    drains = _wait_for("every learner of the node to leave", lambda: len(_events(job, "drain")) == len(on_victim)
+                       and _events(job, "drain"), thread, timeout=60)
+    assert sorted(e["learner"] for e in drains) == on_victim, drains
+    assert all("is being drained" in e["reason"] for e in drains), drains
+    if kind == "gossip" and len(on_victim) < 2:
+        assert all(e["kept_by"] is not None for e in drains), drains
+    _wait_for("the group stepping again", lambda: [r for r in job.recoveries if r["cause"] == "drain"
+                                                  and r["stepping_at"]], thread, timeout=90)
+    summary = _stop(job, thread)
+    assert summary["events"].get("failure", 0) == 0, summary["events"]
+    later = [e for e in _events(job, "join") if e["learner"] not in joined]
+    assert all(e["node"] != victim for e in later), later  # no slot asked for again lands on the drained node
+
+
+@pytest.mark.own_process
+def test_a_learner_sent_sigterm_leaves_gracefully(chaos_cluster, corpus, tmp_path):
+    """SIGTERM to a learner's process (a preempted pod, a `kill`): it ends the step in flight and
+    leaves like a drained one, its last average kept by its neighbour; nothing counts as a failure."""
+    import os
+    import signal
+
+    job, thread = _chaos_job(tmp_path, corpus, "sigterm", "gossip")
+    _wait_for("2 learners and an evaluation", lambda: len(_events(job, "join")) == 2 and job.evals, thread)
+    victim = _events(job, "join")[0]
+    os.kill(victim["pid"], signal.SIGTERM)
+    drain = _wait_for("the learner to leave", lambda: _events(job, "drain"), thread, timeout=60)[0]
+    assert drain["learner"] == victim["learner"] and drain["reason"] == "SIGTERM" and drain["kept_by"] is not None
+    _wait_for("a replacement joining", lambda: len(_events(job, "join")) == 3, thread, timeout=90)
+    summary = _stop(job, thread)
+    assert summary["events"].get("failure", 0) == 0, summary["events"]

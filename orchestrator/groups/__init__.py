@@ -11,7 +11,10 @@ A collective that fails because a member died raises `GroupBroken`; the learner 
 and the driver forms a new group from the members left (`orchestrator/elastic.py`).
 
 `lockstep` says whether every member must take the same number of steps (a collective inside
-`step`), in which case the driver, not the learners, decides when to stop. Groups know nothing
+`step`), in which case the driver, not the learners, decides when to stop. `stops_alone` says
+whether a member may stop after any step without keeping a peer waiting (gossip: yes; a member
+of a collective: no), which is how a learner that must leave (a drained node, SIGTERM) ends the
+chunk it is in. Groups know nothing
 about speech: they see a learner's batches, gradients and weights only.
 """
 
@@ -27,6 +30,7 @@ from orchestrator.groups.hierarchical import HierarchicalMember
 
 class GroupMember(Protocol):
     lockstep: bool
+    stops_alone: bool
 
     def setup(self, learner) -> None: ...
 

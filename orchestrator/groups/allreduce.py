@@ -30,6 +30,7 @@ class AllreduceMember:
     """
 
     lockstep = True
+    stops_alone = False
 
     def __init__(self, rank: int, world_size: int, address: str, backend: str = "gloo", timeout_s: float = 120):
         self.rank, self.world_size, self.address, self.backend = rank, world_size, address, backend

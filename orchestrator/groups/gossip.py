@@ -37,6 +37,7 @@ class GossipMember:
     """
 
     lockstep = False
+    stops_alone = True
 
     def __init__(self, position: int, partners: list, seed: int = 0):
         self.position, self.partners = position, partners

@@ -35,6 +35,7 @@ class HierarchicalMember:
     """
 
     lockstep = False  # nodes run free; inside a node the collective keeps members in step
+    stops_alone = False
 
     def __init__(self, node_rank: int, node_size: int, node_address: str, leader: GossipMember | None,
                  backend: str = "gloo", timeout_s: float = 120):

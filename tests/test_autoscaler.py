@@ -1,0 +1,223 @@
+"""Chorus on Ray's own autoscaler: a head started with `--autoscaling-config` and Ray's
+`fake_multinode` provider, whose monitor launches and terminates real raylets on this machine
+as the cluster's demand asks. The node types are generated from `cluster.yaml` (same names,
+custom resources and labels; each node scaled down to 1 CPU and 1 GPU), so the test follows
+the file when it changes. The cluster starts as the real one does: a CPU head and no GPU node.
+
+Each test runs in a process of its own (`own_process`), with its own head (temp dir and ports),
+stopped by the PIDs of its processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from orchestrator.local_head import HeadNode
+
+ROOT = Path(__file__).resolve().parents[1]
+IDLE_TIMEOUT_S = 15.0  # the test clusters' idle timeout (cluster.yaml's is 10 minutes)
+HEARTBEAT_TIMEOUT_S = 5  # a worker node not heard from this long is terminated and replaced
+SMALL_MODEL = {"subsample_channels": 8, "d_model": 32, "hidden": 32, "layers": 1}
+
+pytestmark = pytest.mark.own_process
+
+
+def cluster_from_yaml(path: Path = ROOT / "cluster.yaml", max_per_type: int = 2) -> dict:
+    """`cluster.yaml`'s node types for this machine: the head keeps its labels and custom
+    resources and gets 2 CPUs and no GPU; each GPU type keeps its name, labels and custom
+    resources (one unit: its generation) and gets 1 CPU and 1 GPU, at most `max_per_type` nodes."""
+    config = yaml.safe_load(path.read_text())
+    head = config["head_node_type"]
+    types = {}
+    for name, node in config["available_node_types"].items():
+        custom = {key: 1.0 for key in node.get("resources", {}) if key not in ("CPU", "GPU")}
+        resources = {"CPU": 2.0, **custom} if name == head else {"CPU": 1.0, "GPU": 1.0, **custom}
+        types[name] = {"resources": resources, "labels": dict(node.get("labels", {})),
+                       "min_workers": 0, "max_workers": 0 if name == head else min(node["max_workers"], max_per_type)}
+    return {"cluster_name": config["cluster_name"], "head_node_type": head, "available_node_types": types,
+            "max_workers": config["max_workers"], "upscaling_speed": config.get("upscaling_speed", 1.0),
+            "idle_timeout_minutes": IDLE_TIMEOUT_S / 60}
+
+
+@pytest.fixture
+def autoscaling_head():
+    """A head with cluster.yaml's node types and no worker node; the test's driver is connected."""
+    import ray
+
+    head = HeadNode(cpus=2, token=False, autoscaling=cluster_from_yaml(),
+                    env={"AUTOSCALER_HEARTBEAT_TIMEOUT_S": str(HEARTBEAT_TIMEOUT_S)})
+    try:
+        ray.init(address=f"127.0.0.1:{head.gcs_port}", log_to_driver=False)
+        yield head
+    finally:
+        ray.shutdown()
+        head.stop()
+        assert head.pids() == [], "the head's processes (and the nodes it launched) outlived it"
+
+
+def workers() -> list[dict]:
+    """The live nodes other than the head."""
+    import ray
+
+    return [n for n in ray.nodes() if n["Alive"] and n["Resources"].get("GPU", 0) >= 1]
+
+
+def head_id() -> str:
+    import ray
+
+    return next(n["NodeID"] for n in ray.nodes() if n["Alive"] and not n["Resources"].get("GPU"))
+
+
+def job_spec(tmp_path: Path, corpus: Path, name: str, **extra) -> Path:
+    spec = {"name": name, "seed": 0, "group": {"kind": "gossip"},
+            "data": {"train": str(corpus / "train.jsonl"), "dev": str(corpus / "dev.jsonl"), "max_batch_seconds": 10},
+            "model": SMALL_MODEL, "optim": {"lr": 0.003, "warmup_steps": 10, "schedule": "constant"},
+            "budget": {"epochs": 1000, "wall_seconds": 30, "eval_every_seconds": 10}, **extra}
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(json.dumps(spec))
+    return path
+
+
+def start_train(spec: Path, out: Path, head: HeadNode) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "train", str(spec), "--out", str(out),
+                             "--address", f"127.0.0.1:{head.gcs_port}"], cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def events(out: Path) -> list[dict]:
+    path = out / "events.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+
+
+def wait_until(predicate, timeout: float, what: str, proc: subprocess.Popen | None = None):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"the job ended (exit {proc.returncode}) before {what}:\n{proc.stderr.read()}")
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def finish(proc: subprocess.Popen, timeout: float = 240) -> dict:
+    stdout, stderr = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, stderr[-3000:]
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+def test_a_job_grows_the_cluster_with_gpu_nodes_and_they_go_when_it_ends(autoscaling_head, corpus, tmp_path):
+    """From a CPU head and no worker: the learners' placement groups make the autoscaler launch
+    GPU nodes, every learner runs on one with a GPU (none on the head), the job finishes, and
+    within the idle timeout after it the worker nodes are gone."""
+    out = tmp_path / "run"
+    assert workers() == []
+    started = time.time()
+    proc = start_train(job_spec(tmp_path, corpus, "grow", learners={"min": 2, "max": 4}), out, autoscaling_head)
+    wait_until(workers, 120, "a worker node", proc)
+    first_node_s = time.time() - started
+    wait_until(lambda: sum(e["kind"] == "join" for e in events(out)) >= 4, 180, "4 learners joined", proc)
+    all_stepping_s = time.time() - started
+    summary = finish(proc)
+    ended = time.time()
+    hosts = summary["nodes"]
+    assert sum(len(n["learners"]) for n in hosts) >= 4
+    assert all(n["gpus"] >= 1 and n["node_id"] != head_id() for n in hosts), hosts
+    assert {n["labels"]["chorus-accelerator"] for n in hosts} <= {"V100", "A10G"}, hosts
+    wait_until(lambda: not workers(), IDLE_TIMEOUT_S + 45, "the worker nodes to go")
+    print(f"\nautoscaler: first node {first_node_s:.1f}s, 4 learners joined {all_stepping_s:.1f}s, "
+          f"last worker gone {time.time() - ended:.1f}s after the job")
+
+
+def test_learners_that_take_either_gpu_generation_land_on_both(autoscaling_head, corpus, tmp_path):
+    """`accelerator_types: [V100, A10G]`: the learners spread over both kinds, the autoscaler
+    launches a node of each, and the summary reports each kind's learners and speed."""
+    out = tmp_path / "run"
+    spec = job_spec(tmp_path, corpus, "either", learners=2, accelerator_types=["V100", "A10G"],
+                    group={"kind": "allreduce"})
+    summary = finish(start_train(spec, out, autoscaling_head))
+    labels = sorted(n["labels"]["chorus-accelerator"] for n in summary["nodes"])
+    assert labels == ["A10G", "V100"], summary["nodes"]
+    kinds = summary["accelerators"]
+    assert set(kinds) == {"V100", "A10G"} and all(len(k["learners"]) == 1 for k in kinds.values()), kinds
+    assert all(k["samples_per_s"] > 0 for k in kinds.values()), kinds
+    assert abs(sum(k["share"] for k in kinds.values()) - 1.0) < 0.01, kinds  # allreduce: shares of each step
+    wait_until(lambda: not workers(), IDLE_TIMEOUT_S + 45, "the worker nodes to go")
+
+
+def test_a_sweep_grows_the_cluster_for_its_trials_and_it_shrinks_after(autoscaling_head, corpus, tmp_path):
+    """Two concurrent trials of 2 learners each: their placement groups (a driver bundle on the
+    head's CPUs, a GPU bundle per learner) grow the cluster; the sweep finishes; nodes go after."""
+    import ray
+
+    sweep = {"name": "grow", "method": "random", "trials": 2, "max_concurrent": 2, "learners": 2,
+             "driver_cpus": 0.5, "budget": {"max": 1, "min": 1},
+             "job": {"name": "grow", "seed": 0, "group": {"kind": "gossip"},
+                     "data": {"train": str(corpus / "train.jsonl"), "dev": str(corpus / "dev.jsonl"),
+                              "max_batch_seconds": 20}, "model": SMALL_MODEL},
+             "space": {"optim.lr": {"type": "float", "low": 1e-3, "high": 1e-2, "log": True}}}
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(sweep))
+    seen_gpu_nodes = set()
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "sweep", str(path), "--out", str(tmp_path / "s"),
+                             "--address", f"127.0.0.1:{autoscaling_head.gcs_port}"], cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    while proc.poll() is None:
+        seen_gpu_nodes |= {n["NodeID"] for n in workers()}
+        time.sleep(0.5)
+    stdout, stderr = proc.communicate()
+    assert proc.returncode == 0, stderr[-3000:]
+    summary = json.loads((tmp_path / "s" / "sweep_summary.json").read_text())
+    assert summary["trials_by_outcome"] == {"finished": 2}, summary
+    assert len(seen_gpu_nodes) >= 2, seen_gpu_nodes  # the trials' learners needed GPU nodes
+    wait_until(lambda: not workers(), IDLE_TIMEOUT_S + 45, "the worker nodes to go")
+    assert not [g for g in ray.util.placement_group_table().values() if g["state"] != "REMOVED"]
+
+
+def node_processes(node_id: str) -> list[int]:
+    """The processes of the fake node `node_id`: its raylet and everything under it (the
+    provider starts each node's processes with the node's id in their environment)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if f"RAY_OVERRIDE_NODE_ID_FOR_TESTING={node_id}".encode() in (entry / "environ").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def test_a_worker_node_lost_under_a_job_is_replaced_and_a_learner_joins_there(autoscaling_head, corpus, tmp_path):
+    """A spot loss: every process of one worker node is killed under a running job. The job
+    goes on with the learners it has, the autoscaler replaces the node, and a learner joins on
+    the new node."""
+    out = tmp_path / "run"
+    spec = job_spec(tmp_path, corpus, "spot", learners={"min": 1, "max": 2},
+                    budget={"epochs": 1000, "wall_seconds": 90, "eval_every_seconds": 10})
+    proc = start_train(spec, out, autoscaling_head)
+    wait_until(lambda: sum(e["kind"] == "join" for e in events(out)) >= 2, 180, "2 learners joined", proc)
+    hosts_before = {e["node"] for e in events(out) if e["kind"] == "join"}
+    victim = workers()[0]["NodeID"]
+    pids = node_processes(victim)
+    assert pids, "found no process of the node to kill"
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    lost_at = time.time()
+    wait_until(lambda: any(e["kind"] == "failure" for e in events(out)), 60, "the learner's loss", proc)
+    wait_until(lambda: [e for e in events(out) if e["kind"] == "join" and e["node"] not in hosts_before], 180,
+               "a learner joining on a new node", proc)
+    rejoined_s = time.time() - lost_at
+    summary = finish(proc)
+    assert summary["events"]["failure"] >= 1 and summary["learners"] == 2, summary
+    print(f"\nspot loss: a learner joined on the replacement node {rejoined_s:.1f}s after the kill")

@@ -1,0 +1,155 @@
+"""Outputs that outlive the node: a run's `--out` at an S3 URI (`orchestrator.storage`, through
+pyarrow.fs), against a real S3 API on loopback (moto's server). A job writes there, is stopped,
+and resumes from the bucket alone with the same step count and curve."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.local_head import BIN, free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+KEYS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1",
+        "AWS_DEFAULT_REGION": "us-east-1"}
+SMALL_MODEL = {"subsample_channels": 8, "d_model": 32, "hidden": 32, "layers": 1}
+
+
+@pytest.fixture(scope="module")
+def s3():
+    """moto's S3 server on a free loopback port with a bucket `chorus`: its endpoint
+    ("127.0.0.1:PORT"); the AWS credentials it takes are set in this process's environment."""
+    import boto3
+
+    port = free_port()
+    server = subprocess.Popen([str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    saved = {k: os.environ.get(k) for k in KEYS}
+    os.environ.update(KEYS)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline and server.poll() is None, "moto's server did not start"
+                time.sleep(0.2)
+        boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}").create_bucket(Bucket="chorus")
+        yield f"127.0.0.1:{port}"
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def uri(endpoint: str, path: str) -> str:
+    return f"s3://chorus/{path}?endpoint_override={endpoint}&scheme=http"
+
+
+def listed(endpoint: str, prefix: str) -> list[str]:
+    import boto3
+
+    reply = boto3.client("s3", endpoint_url=f"http://{endpoint}").list_objects_v2(Bucket="chorus", Prefix=prefix)
+    # (pyarrow keeps an emptied folder as a `folder/` marker object: not a file)
+    return sorted(o["Key"].removeprefix(prefix) for o in reply.get("Contents", []) if not o["Key"].endswith("/"))
+
+
+def test_a_run_folder_mirrored_to_s3_and_back(s3, tmp_path):
+    from orchestrator.storage import RunStorage, StorageError
+
+    storage = RunStorage(uri(s3, "unit/run"), staging=tmp_path / "a")
+    storage.check(resume=False, overwrite=False)
+    storage.local.mkdir()
+    (storage.local / "evals.jsonl").write_text('{"step": 1}\n')
+    (storage.local / "checkpoint-1.pt").write_bytes(b"x" * 5_000_000)
+    os.link(storage.local / "checkpoint-1.pt", storage.local / "checkpoint.pt")
+    (storage.local / ".lock").write_text("pid 1")
+    storage.push()
+    assert listed(s3, "unit/run/") == ["checkpoint-1.pt", "evals.jsonl"]  # no lock, no second copy
+    (storage.local / "checkpoint-2.pt").write_bytes(b"y" * 10)
+    (storage.local / "checkpoint-1.pt").unlink()  # pruned: gone from the bucket too
+    storage.push()
+    assert listed(s3, "unit/run/") == ["checkpoint-2.pt", "evals.jsonl"]
+
+    with pytest.raises(StorageError, match=r"s3://chorus/unit/run already holds a run \(checkpoint-2.pt, "
+                                           r"evals.jsonl\): pass --resume to continue it or --overwrite"):
+        RunStorage(uri(s3, "unit/run"), staging=tmp_path / "b").check(resume=False, overwrite=False)
+    again = RunStorage(uri(s3, "unit/run"), staging=tmp_path / "c")  # elsewhere: nothing local reused
+    again.check(resume=True, overwrite=False)
+    again.pull()
+    assert sorted(p.name for p in again.local.iterdir()) == ["checkpoint-2.pt", "evals.jsonl"]
+    assert (again.local / "checkpoint-2.pt").read_bytes() == b"y" * 10
+    with pytest.raises(StorageError, match="s3://chorus/unit/none: no run there to resume"):
+        RunStorage(uri(s3, "unit/none"), staging=tmp_path / "d").check(resume=True, overwrite=False)
+
+
+def test_a_job_writes_to_s3_is_stopped_and_resumes_from_it_elsewhere(s3, corpus, tmp_path):
+    """The resumed run starts in an empty staging folder (another TMPDIR, as on another node): all
+    it has is the bucket. It goes on from the checkpoint's step, and its curve is the stopped
+    run's (less an evaluation whose checkpoint the stop cut short) followed by its own."""
+    spec = tmp_path / "job.yaml"
+    spec.write_text(json.dumps({
+        "name": "s3job", "seed": 0, "learners": 1, "cpus_per_learner": 1,
+        "data": {"train": str(corpus / "train.jsonl"), "dev": str(corpus / "dev.jsonl"), "max_batch_seconds": 10},
+        "model": SMALL_MODEL, "optim": {"lr": 0.003, "warmup_steps": 5, "schedule": "constant"},
+        "budget": {"epochs": 1000, "wall_seconds": 300, "eval_every_seconds": 3}}))
+    out = uri(s3, "runs/s3job")
+    env = {**os.environ, **KEYS}
+
+    def train(*extra: str, tmpdir: Path) -> subprocess.Popen:
+        tmpdir.mkdir(exist_ok=True)
+        return subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "train", str(spec), "--out", out, *extra],
+                                cwd=ROOT, env={**env, "TMPDIR": str(tmpdir)}, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    first = train(tmpdir=tmp_path / "node-a")
+    deadline = time.monotonic() + 180
+    while sum(1 for line in listed(s3, "runs/s3job/") if line.startswith("checkpoint-")) < 2:
+        assert first.poll() is None and time.monotonic() < deadline, first.communicate()[1][-3000:]
+        time.sleep(0.5)
+    first.send_signal(signal.SIGINT)
+    _, stderr = first.communicate(timeout=60)
+    assert first.returncode == 130, stderr[-3000:]
+    assert "the last checkpoint is s3://chorus/runs/s3job/checkpoint-" in stderr, stderr[-2000:]
+    files = listed(s3, "runs/s3job/")
+    assert {"evals.jsonl", "events.jsonl"} <= set(files) and "checkpoint.pt" not in files, files
+    kept = _jsonl(s3, "runs/s3job/evals.jsonl")
+
+    resumed = train("--resume", "--set", f"budget.epochs={int(kept[-1]['epoch']) + 1}", tmpdir=tmp_path / "node-b")
+    stdout, stderr = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, stderr[-3000:]
+    summary = json.loads(stdout.strip().splitlines()[-1])
+    assert summary["checkpoint"].startswith("s3://chorus/runs/s3job/checkpoint-"), summary["checkpoint"]
+    curve = _jsonl(s3, "runs/s3job/evals.jsonl")
+    names = listed(s3, "runs/s3job/")
+    past = _jsonl(s3, "runs/s3job/evals.superseded.jsonl") if "evals.superseded.jsonl" in names else []
+    kept = [e for e in kept if e not in past]
+    assert curve[:len(kept)] == kept, (kept, curve)
+    assert curve[-1]["step"] > kept[-1]["step"] and summary["steps"] == curve[-1]["step"], (curve, summary)
+    assert "summary.json" in names and json.loads(_read(s3, "runs/s3job/summary.json")) == summary
+    for node in ("node-a", "node-b"):  # the staging folders went with their runs
+        assert not list((tmp_path / node).glob("chorus-staging-*")), node
+
+
+def _read(endpoint: str, key: str) -> str:
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=f"http://{endpoint}")
+    return client.get_object(Bucket="chorus", Key=key)["Body"].read().decode()
+
+
+def _jsonl(endpoint: str, key: str) -> list[dict]:
+    return [json.loads(line) for line in _read(endpoint, key).splitlines() if line.strip()]
