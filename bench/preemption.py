@@ -108,7 +108,13 @@ def quartiles(values: list[float]) -> tuple[float, float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--report-only", action="store_true",
+                        help="re-make the table and figure from bench/results/preemption.json")
     args = parser.parse_args()
+    if args.report_only:
+        runs = json.loads((RESULTS / "preemption.json").read_text())["runs"]
+        report(runs, max(r["repeat"] for r in runs) + 1)
+        return
     from ray.cluster_utils import Cluster
 
     from jobs.synth import synthesize
@@ -133,6 +139,11 @@ def main() -> None:
     finally:
         ray.shutdown()
         cluster.shutdown()
+    report(runs, args.repeats)
+
+
+def report(runs: list[dict], repeats: int) -> None:
+    """Each contender's median and interquartile range: the JSON, the figure and a Markdown table."""
     table = []
     for group, fault in CONTENDERS:
         mine = [r for r in runs if r["group"] == group and r["fault"] == fault]
@@ -142,7 +153,7 @@ def main() -> None:
                       "steps_lost": {"q1": lost[0], "median": lost[1], "q3": lost[2]},
                       "failures": sum(r["failures"] for r in mine), "drains": sum(r["drains"] for r in mine)})
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "preemption.json").write_text(json.dumps({"repeats": args.repeats, "table": table, "runs": runs},
+    (RESULTS / "preemption.json").write_text(json.dumps({"repeats": repeats, "table": table, "runs": runs},
                                                         indent=2) + "\n")
     plot(runs, RESULTS / "preemption.png")
     print("| group | fault | recover_s median (IQR) | steps lost median (IQR) | failure events |")
@@ -163,7 +174,7 @@ def plot(runs: list[dict], path: Path) -> None:
     for ax, key, label in ((axes[0], "recover_s", "fault -> stepping again (s)"),
                            (axes[1], "steps_lost", "steps of the node's learner lost")):
         data = [[r[key] for r in runs if (r["group"], r["fault"]) == c] for c in CONTENDERS]
-        ax.boxplot(data, labels=[f"{g}\n{f}" for g, f in CONTENDERS])
+        ax.boxplot(data, tick_labels=[f"{g}\n{f}" for g, f in CONTENDERS])
         ax.set_ylabel(label)
     fig.suptitle(f"drain vs kill of the same node ({len(runs) // len(CONTENDERS)} interleaved repeats each)")
     fig.tight_layout()
