@@ -135,7 +135,7 @@ def main() -> None:
                 run = one_run(cluster, corpus, group, fault, work / f"run-{repeat}-{group}-{fault}")
                 run["repeat"] = repeat
                 runs.append(run)
-                print(json.dumps(run), flush=True)
+                print(json.dumps(run, allow_nan=False), flush=True)
     finally:
         ray.shutdown()
         cluster.shutdown()
@@ -153,8 +153,8 @@ def report(runs: list[dict], repeats: int) -> None:
                       "steps_lost": {"q1": lost[0], "median": lost[1], "q3": lost[2]},
                       "failures": sum(r["failures"] for r in mine), "drains": sum(r["drains"] for r in mine)})
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "preemption.json").write_text(json.dumps({"repeats": repeats, "table": table, "runs": runs},
-                                                        indent=2) + "\n")
+    record = {"repeats": repeats, "table": table, "runs": runs}
+    (RESULTS / "preemption.json").write_text(json.dumps(record, allow_nan=False, indent=2) + "\n")
     plot(runs, RESULTS / "preemption.png")
     print("| group | fault | recover_s median (IQR) | steps lost median (IQR) | failure events |")
     print("|---|---|---|---|---|")

@@ -57,7 +57,7 @@ class HeadNode:
         if autoscaling is not None:
             config = fake_cluster_config(autoscaling, f"127.0.0.1:{self.gcs_port}")
             config_path = self.temp_dir / "autoscaling.json"
-            config_path.write_text(json.dumps(config))
+            config_path.write_text(json.dumps(config, allow_nan=False))
             command.append(f"--autoscaling-config={config_path}")
             self.env.update(RAY_FAKE_CLUSTER="1", AUTOSCALER_UPDATE_INTERVAL_S="1")
         proc = subprocess.run(command, env=self.env, capture_output=True, text=True, timeout=120)

@@ -134,6 +134,11 @@ def pytest_runtest_protocol(item, nextitem):
                             None if passed or when != "call" else why,
                             when, duration=time.time() - started if when == "call" else 0.0)
         item.ihook.pytest_runtest_logreport(report=report)
+    # what this process set up for earlier tests (module and session fixtures) and the next test
+    # does not share is torn down here, as pytest's own protocol does after a test's teardown:
+    # without it, an own_process test last in its module left that module's fixtures standing
+    # ("previous item was not torn down properly" at the next module's first test)
+    item.session._setupstate.teardown_exact(nextitem)
     item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
     return True
 

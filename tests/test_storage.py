@@ -96,10 +96,14 @@ def test_a_run_folder_mirrored_to_s3_and_back(s3, tmp_path):
         RunStorage(uri(s3, "unit/none"), staging=tmp_path / "d").check(resume=True, overwrite=False)
 
 
-def test_a_job_writes_to_s3_is_stopped_and_resumes_from_it_elsewhere(s3, corpus, tmp_path):
-    """The resumed run starts in an empty staging folder (another TMPDIR, as on another node): all
-    it has is the bucket. It goes on from the checkpoint's step, and its curve is the stopped
-    run's (less an evaluation whose checkpoint the stop cut short) followed by its own."""
+def test_a_job_writes_to_s3_is_stopped_and_resumes_from_it_on_another_node(ray_cluster, s3, corpus, tmp_path):
+    """The resumed run is started from the session cluster's worker node (by a Ray task placed
+    there), in an empty staging folder: all it has is the bucket. It goes on from the
+    checkpoint's step, and its curve is the stopped run's (less an evaluation whose checkpoint
+    the stop cut short) followed by its own."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
     spec = tmp_path / "job.yaml"
     spec.write_text(json.dumps({
         "name": "s3job", "seed": 0, "learners": 1, "cpus_per_learner": 1,
@@ -128,9 +132,20 @@ def test_a_job_writes_to_s3_is_stopped_and_resumes_from_it_elsewhere(s3, corpus,
     assert {"evals.jsonl", "events.jsonl"} <= set(files) and "checkpoint.pt" not in files, files
     kept = _jsonl(s3, "runs/s3job/evals.jsonl")
 
-    resumed = train("--resume", "--set", f"budget.epochs={int(kept[-1]['epoch']) + 1}", tmpdir=tmp_path / "node-b")
-    stdout, stderr = resumed.communicate(timeout=300)
-    assert resumed.returncode == 0, stderr[-3000:]
+    @ray.remote(num_cpus=0)
+    def resume_here(command: list[str], environment: dict) -> tuple[str, int, str, str]:
+        proc = subprocess.run(command, cwd=ROOT, env=environment, capture_output=True, text=True, timeout=300)
+        return ray.get_runtime_context().get_node_id(), proc.returncode, proc.stdout, proc.stderr
+
+    worker = ray_cluster.session_worker.node_id
+    (tmp_path / "node-b").mkdir()
+    command = [sys.executable, "-m", "orchestrator.cli", "train", str(spec), "--out", out, "--resume",
+               "--set", f"budget.epochs={int(kept[-1]['epoch']) + 1}"]
+    node, code, stdout, stderr = ray.get(resume_here.options(
+        scheduling_strategy=NodeAffinitySchedulingStrategy(worker, soft=False)).remote(
+        command, {**env, "TMPDIR": str(tmp_path / "node-b")}), timeout=360)
+    assert node == worker and node != ray.get_runtime_context().get_node_id()
+    assert code == 0, stderr[-3000:]
     summary = json.loads(stdout.strip().splitlines()[-1])
     assert summary["checkpoint"].startswith("s3://chorus/runs/s3job/checkpoint-"), summary["checkpoint"]
     curve = _jsonl(s3, "runs/s3job/evals.jsonl")
