@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import tempfile
 import threading
@@ -139,6 +140,7 @@ def main() -> None:
     finally:
         ray.shutdown()
         cluster.shutdown()
+        shutil.rmtree(work, ignore_errors=True)
     report(runs, args.repeats)
 
 

@@ -31,13 +31,17 @@ def _spec_file(spec_path: Path) -> Path:
     name = str(spec_path)
     if not name.startswith("env:"):
         return spec_path
+    import atexit
     import os
+    import shutil
     import tempfile
 
     text = os.environ.get(name[4:])
     if text is None:
         raise SpecError(f"{name}: the environment variable {name[4:]} is not set")
-    path = Path(tempfile.mkdtemp(prefix="chorus-spec-")) / "submitted-spec.yaml"
+    folder = tempfile.mkdtemp(prefix="chorus-spec-")
+    atexit.register(shutil.rmtree, folder, True)  # gone with this process (a sys.exit included)
+    path = Path(folder) / "submitted-spec.yaml"
     path.write_text(text)
     return path
 

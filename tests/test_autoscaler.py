@@ -127,15 +127,22 @@ def test_a_job_grows_the_cluster_with_gpu_nodes_and_they_go_when_it_ends(autosca
     wait_until(workers, 120, "a worker node", proc)
     first_node_s = time.time() - started
     wait_until(lambda: sum(e["kind"] == "join" for e in events(out)) >= 4, 180, "4 learners joined", proc)
-    all_stepping_s = time.time() - started
+    joined_s = time.time() - started
     summary = finish(proc)
     ended = time.time()
+    # every learner stepping: the first members' first step, and each later one's first step in the group
+    first = events(out)[0]
+    first_step = first["time"] - first["wall_s"] + summary["startup_s"]
+    later = [r for r in summary["recoveries"] if r["cause"] == "join"]
+    assert all(r["stepping_at"] for r in later), later
+    all_stepping_s = max([first_step] + [r["stepping_at"] for r in later]) - started
     hosts = summary["nodes"]
     assert sum(len(n["learners"]) for n in hosts) >= 4
     assert all(n["gpus"] >= 1 and n["node_id"] != head_id() for n in hosts), hosts
     assert {n["labels"]["chorus-accelerator"] for n in hosts} <= {"V100", "A10G"}, hosts
     wait_until(lambda: not workers(), IDLE_TIMEOUT_S + 45, "the worker nodes to go")
-    print(f"\nautoscaler: first node {first_node_s:.1f}s, 4 learners joined {all_stepping_s:.1f}s, "
+    print(f"\nautoscaler: first node {first_node_s:.1f}s, 4 learners joined {joined_s:.1f}s, "
+          f"all stepping {all_stepping_s:.1f}s, "
           f"last worker gone {time.time() - ended:.1f}s after the job")
 
 

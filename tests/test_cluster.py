@@ -264,11 +264,13 @@ def test_a_submitted_job_stopped_by_chorus_or_ray_leaves_nothing_on_the_cluster(
     assert "Traceback" not in logs, logs[-3000:]
     if stopper == "chorus jobs stop":
         return
-    # the checkpoint was kept: the same submission with --resume continues from it, for one epoch more
+    # the checkpoint was kept: the same submission with --resume continues from it, to the end of the
+    # epoch after the one it stopped in (every learner has steps left: at a mid-epoch stop, one may
+    # already be at its epoch's end)
     kept = [json.loads(line) for line in (tmp_path / "job" / "evals.jsonl").read_text().splitlines()]
     assert kept, "no evaluation was kept"
     resumed = chorus("submit", "jobs/configs/tiny.yaml", "--address", head.address, "--out", str(tmp_path / "job"),
-                     "--resume", "--follow", *sets, *_sets([f"budget.epochs={int(kept[-1]['epoch']) + 1}"]), env=env)
+                     "--resume", "--follow", *sets, *_sets([f"budget.epochs={int(kept[-1]['epoch']) + 2}"]), env=env)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-2000:]
     curve = [json.loads(line) for line in (tmp_path / "job" / "evals.jsonl").read_text().splitlines()]
     superseded = tmp_path / "job" / "evals.superseded.jsonl"  # an evaluation whose checkpoint the stop cut short

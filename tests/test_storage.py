@@ -140,7 +140,7 @@ def test_a_job_writes_to_s3_is_stopped_and_resumes_from_it_on_another_node(ray_c
     worker = ray_cluster.session_worker.node_id
     (tmp_path / "node-b").mkdir()
     command = [sys.executable, "-m", "orchestrator.cli", "train", str(spec), "--out", out, "--resume",
-               "--set", f"budget.epochs={int(kept[-1]['epoch']) + 1}"]
+               "--set", f"budget.epochs={int(kept[-1]['epoch']) + 2}"]
     node, code, stdout, stderr = ray.get(resume_here.options(
         scheduling_strategy=NodeAffinitySchedulingStrategy(worker, soft=False)).remote(
         command, {**env, "TMPDIR": str(tmp_path / "node-b")}), timeout=360)
