@@ -77,7 +77,7 @@ def run_one(corpus: Path, kind: str, epochs: int, disturb_at: list[float] | None
     try:
         if disturb_at:
             actions = [("kill a learner on node A", lambda: ray.kill(next(
-                           s.handle for s in job.membership.live.values() if s.node == node_a.node_id))),
+                           s.handle for s in job.roster.live.values() if s.node == node_a.node_id))),
                        ("remove node B", lambda: cluster.remove_node(node_b, allow_graceful=False)),
                        ("add node C", lambda: cluster.add_node(num_cpus=1, resources={"learner_slot": 1}))]
             for at, (what, act) in zip(disturb_at, actions, strict=True):

@@ -115,8 +115,8 @@ def run_chorus(corpus: Path, kind: str, kills: int) -> dict:
         recovered = lambda cause, learner: [r for r in job.recoveries  # noqa: E731
                                             if r["cause"] == cause and r["learner"] == learner and r["stepping_at"]]
         joined = lambda: [e for e in (job.events.recorded if job.events else []) if e["kind"] == "join"]  # noqa: E731
-        wait_until("2 learners stepping", lambda: len(joined()) == 2 and job.membership and all(
-            s.stats.get("step", 0) >= 16 for s in job.membership.live.values()))
+        wait_until("2 learners stepping", lambda: len(joined()) == 2 and job.roster and all(
+            s.stats.get("step", 0) >= 16 for s in job.roster.live.values()))
         arrivals, failures = [], []
 
         def arrival(since: float, learners_before: set[int]) -> dict:
@@ -133,16 +133,16 @@ def run_chorus(corpus: Path, kind: str, kills: int) -> dict:
         arrivals.append(arrival(added, before))
         for _ in range(kills):
             before = {e["learner"] for e in joined()}
-            victim = sorted(job.membership.live)[0]
+            victim = sorted(job.roster.live)[0]
             killed = time.time()
-            ray.kill(job.membership.live[victim].handle)
+            ray.kill(job.roster.live[victim].handle)
             r = wait_until("the group stepping without it", lambda: recovered("failure", victim))[0]  # noqa: B023
             failures.append({"since_kill_s": round(r["stepping_at"] - killed, 3),
                              "detected_s": round(r["at"] - killed, 3)})
             arrivals.append(arrival(r["at"], before))
-            steps = max(s.stats.get("step", 0) for s in job.membership.live.values())
+            steps = max(s.stats.get("step", 0) for s in job.roster.live.values())
             wait_until("a few more steps", lambda: max(s.stats.get("step", 0)  # noqa: B023
-                                                        for s in job.membership.live.values()) >= steps + 8)  # noqa: B023
+                                                        for s in job.roster.live.values()) >= steps + 8)  # noqa: B023
         job.stop()
         thread.join(timeout=120)
         return {"arrivals": arrivals, "failures": failures,
@@ -232,7 +232,7 @@ def run_ray_train(corpus: Path, kills: int) -> dict:
     log.unlink(missing_ok=True)
     stop.unlink(missing_ok=True)
     spec = job_spec(corpus, "allreduce")
-    workload = spec.model_dump(mode="json", include={"data", "features", "model", "optim"})
+    workload = spec.workload_config.model_dump(mode="json")
     trainer = TorchTrainer(
         ray_train_loop, train_loop_config={"workload": workload, "seed": spec.seed, "log": str(log), "stop": str(stop)},
         scaling_config=ScalingConfig(num_workers=(2, 3), use_gpu=False,

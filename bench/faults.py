@@ -90,10 +90,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from jobs.data import DataError, shard_batches  # noqa: E402
 from jobs.synth import synthesize  # noqa: E402
+from orchestrator.capacity import CapacityTimeout  # noqa: E402
 from orchestrator.checkpoint import CheckpointError, load_latest, numbered  # noqa: E402
 from orchestrator.checkpoint import load as load_checkpoint  # noqa: E402
 from orchestrator.config import parse_spec  # noqa: E402
-from orchestrator.elastic import CapacityTimeout  # noqa: E402
 from orchestrator.job import TrainingDiverged, TrainingJob  # noqa: E402
 from orchestrator.rundir import RunDirError  # noqa: E402
 
@@ -322,7 +322,7 @@ class Row:
                 if e["kind"] == kind and all(e.get(k) == v for k, v in match.items())]
 
     def live(self) -> dict:
-        m = self.running.job.membership
+        m = self.running.job.roster
         for _ in range(5):
             try:
                 return dict(m.live) if m else {}
@@ -518,7 +518,7 @@ def learner_sigkill(row: Row) -> None:
 def learner_stuck(row: Row) -> None:
     row.start_job(learners={"stuck_after_s": 6, "stuck_step_multiple": 5})
     row.first_evaluation()
-    victim = row.live()[row.running.job.membership.order[-1]]
+    victim = row.live()[row.running.job.roster.order[-1]]
     row.fault()
     victim.handle.simulate_stall.remote(3600)
     failure = row.wait("the stuck learner's failure", lambda: row.events("failure", learner=victim.id))[0]
@@ -648,8 +648,8 @@ def file_vanished(row: Row) -> None:
 def partner_dies_mid_exchange(row: Row) -> None:
     row.start_job()
     job = row.first_evaluation()
-    m = job.membership
-    passive = m.order[1] if row.group == "gossip" else m.node_groups[1][0]  # a passive (leader) on the ring
+    m = job.roster
+    passive = m.order[1] if row.group == "gossip" else job.node_groups[1][0]  # a passive (leader) on the ring
     row.fault()
     ray.get(row.live()[passive].handle.simulate_exit_in_average.remote(), timeout=30)
     row.recovered("failure", passive)
@@ -663,7 +663,7 @@ def partner_dies_mid_exchange(row: Row) -> None:
 def rank0_dies_in_reform(row: Row) -> None:
     row.start_job()
     job = row.first_evaluation()
-    order = list(job.membership.order)
+    order = list(job.roster.order)
     rank0, victim = order[0], order[-1]
     healthy = [i for i in order if i not in (rank0, victim)]
     ray.get(row.live()[rank0].handle.simulate_exit_in_join.remote(), timeout=30)

@@ -63,11 +63,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 import ray  # noqa: E402
 
 from jobs.synth import synthesize  # noqa: E402
+from orchestrator.capacity import place_learners, release
 from orchestrator.cli import format_eval  # noqa: E402
 from orchestrator.config import load_spec  # noqa: E402
 from orchestrator.groups import SoloMember  # noqa: E402
 from orchestrator.job import TrainingJob  # noqa: E402
-from orchestrator.placement import fetch, place_learners, release  # noqa: E402
+from orchestrator.runtime import fetch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -108,8 +109,8 @@ def measure_ideal(corpus: Path, seconds: float) -> dict:
 def learner_speeds(corpus: Path, seconds: float, slowed: bool) -> list[float]:
     """Each learner's samples/s training alone (no group), all four at once."""
     spec = job_spec(corpus, "gossip", False, seconds, "ideal")
-    raw = spec.model_dump(mode="json", include={"data", "features", "model", "optim"})
-    pgs, learners = place_learners(f"ideal-{slowed}", LEARNERS, 1.0, raw, spec.seed)
+    raw = spec.workload_config.model_dump(mode="json")
+    pgs, learners = place_learners(f"ideal-{slowed}", LEARNERS, 1.0, "asr", raw, spec.seed)
     try:
         fetch([a.join.remote(SoloMember()) for a in learners])
         if slowed:
@@ -258,7 +259,7 @@ def run_ray_train(corpus: Path, wall_seconds: float) -> dict:
     from ray.train.torch import TorchConfig, TorchTrainer
 
     spec = job_spec(corpus, "allreduce", False, wall_seconds, "ray-train")
-    workload = spec.model_dump(mode="json", include={"data", "features", "model", "optim"})
+    workload = spec.workload_config.model_dump(mode="json")
     trainer = TorchTrainer(
         ray_train_loop, train_loop_config={"workload": workload, "seed": spec.seed, "slow": SLOW, "factor": FACTOR,
                                            "deadline": time.time() + wall_seconds},

@@ -69,9 +69,9 @@ def one_run(cluster, corpus: Path, group: str, fault: str, out: Path) -> dict:
         def events(kind):
             return [e for e in (job.events.recorded if job.events else []) if e["kind"] == kind]
 
-        wait("3 learners and an evaluation", lambda: len(job.membership.live if job.membership else []) == 3
+        wait("3 learners and an evaluation", lambda: len(job.roster.live if job.roster else []) == 3
              and job.evals)
-        victim = wait("a learner on node B", lambda: [s for s in list(job.membership.live.values())
+        victim = wait("a learner on node B", lambda: [s for s in list(job.roster.live.values())
                                                      if s.node == node_b.node_id])[0]
         stepped = victim.stats.get("step", 0)
         wait("a few more steps", lambda: victim.stats.get("step", 0) >= stepped + 5)

@@ -124,7 +124,7 @@ def run_ray_train(corpus: Path, epochs: int) -> dict:
     from ray.train.torch import TorchConfig, TorchTrainer
 
     spec = job_spec(corpus, epochs)
-    workload = spec.model_dump(mode="json", include={"data", "features", "model", "optim"})
+    workload = spec.workload_config.model_dump(mode="json")
     trainer = TorchTrainer(
         ray_train_loop, train_loop_config={"workload": workload, "seed": spec.seed, "epochs": epochs},
         scaling_config=ScalingConfig(num_workers=WORKERS, use_gpu=False, resources_per_worker={"CPU": 1}),

@@ -261,19 +261,32 @@ def _read_librispeech(root: Path, report: SkipReport, max_seconds: float) -> lis
     return utts
 
 
+def _owners_and_budgets(order: np.ndarray, max_batch_seconds: float, world_size: int,
+                        weights: list[float] | None, rng) -> tuple[np.ndarray, np.ndarray]:
+    """Which rank owns each utterance (dealt group by group of similar length) and each rank's
+    batch budget in seconds."""
+    if weights is None:
+        owner = np.empty(len(order), dtype=np.int64)
+        for start in range(0, len(order), world_size):
+            group = order[start:start + world_size]
+            owner[group] = rng.permutation(world_size)[: len(group)]
+        return owner, np.full(world_size, float(max_batch_seconds))
+    share = _shares(weights, world_size)
+    return _deal_by_share(order, share, rng), max_batch_seconds * world_size * share
+
+
 def shard_batches(durations: list[float] | np.ndarray, max_batch_seconds: float, epoch: int, seed: int,
                   rank: int = 0, world_size: int = 1, weights: list[float] | None = None) -> list[list[int]]:
     """Rank `rank`'s batches (indices into `durations`) for one epoch.
 
-    Over all ranks of one epoch every utterance appears exactly once. Utterances are sorted by
-    duration and dealt to ranks in random order, group by group, so each shard has the same mix
-    of lengths and sizes differ by at most one utterance. The sorted utterances are then cut into
-    steps: consecutive runs in which every rank's part — one batch of similar durations — has a
-    padded size (utterances x longest) within `max_batch_seconds` (an utterance longer than the
-    budget gets a batch of its own). Every rank has the same steps in the same (shuffled) order,
-    so at each step all ranks work on utterances of about the same length and a synchronous
-    group's members finish their batches together. The result depends only on (seed, epoch,
-    rank, world_size, weights), so the world size may change between epochs.
+    Over all ranks of one epoch every utterance appears exactly once. Utterances are sorted by duration
+    and dealt to ranks in random order, group by group, so each shard has the same mix of lengths and
+    sizes differ by at most one utterance. The sorted utterances are then cut into steps: consecutive
+    runs in which every rank's part — one batch of similar durations — has a padded size (utterances x
+    longest) within `max_batch_seconds` (an utterance longer than the budget gets a batch of its own).
+    Every rank has the same steps in the same (shuffled) order, so at each step all ranks work on
+    utterances of about the same length and a synchronous group's members finish together. The result
+    depends only on (seed, epoch, rank, world_size, weights), so the world size may change between epochs.
 
     `weights` (one per rank, e.g. measured speeds) make shards unequal: rank r gets a share
     weights[r] / sum(weights) of every length group and a batch budget of `max_batch_seconds` x
@@ -288,16 +301,7 @@ def shard_batches(durations: list[float] | np.ndarray, max_batch_seconds: float,
     rng = np.random.default_rng([seed, epoch])
     jitter = rng.uniform(0.97, 1.03, size=len(durations))  # varies batch composition between epochs
     order = np.argsort(durations * jitter, kind="stable")
-    if weights is None:
-        owner = np.empty(len(order), dtype=np.int64)
-        for start in range(0, len(order), world_size):
-            group = order[start:start + world_size]
-            owner[group] = rng.permutation(world_size)[: len(group)]
-        budgets = np.full(world_size, float(max_batch_seconds))
-    else:
-        share = _shares(weights, world_size)
-        owner = _deal_by_share(order, share, rng)
-        budgets = max_batch_seconds * world_size * share
+    owner, budgets = _owners_and_budgets(order, max_batch_seconds, world_size, weights, rng)
     # the ranks with the larger budgets set the steps; one under half the largest budget may go
     # over its own by an utterance (its boundaries are coarse: it would cut every step short)
     pacing = budgets >= budgets.max() / 2

@@ -98,11 +98,10 @@ class ConformerCtc(nn.Module):
 
 
 def build_model(cfg: ModelConfig, in_bins: int, vocab_size: int) -> nn.Module:
-    if cfg.kind == "bilstm_ctc":
-        return BiLstmCtc(in_bins, vocab_size, cfg)
-    if cfg.kind == "conformer_ctc":
-        return ConformerCtc(in_bins, vocab_size, cfg)
-    raise ValueError(f"unknown model kind {cfg.kind!r}")
+    models = {"bilstm_ctc": BiLstmCtc, "conformer_ctc": ConformerCtc}
+    if cfg.kind not in models:
+        raise ValueError(f"unknown model kind {cfg.kind!r}")
+    return models[cfg.kind](in_bins, vocab_size, cfg)
 
 
 def ctc_loss(log_probs: torch.Tensor, out_lengths: torch.Tensor, targets: torch.Tensor,

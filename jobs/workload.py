@@ -164,7 +164,11 @@ class ShardBatches:
 
 
 class AsrWorkload:
-    """Character-CTC speech recognition on one corpus; the orchestrator's only view of speech."""
+    """Character-CTC speech recognition on one corpus; the orchestrator's only view of speech
+    (it implements `orchestrator.workload.Workload`, registered as `asr`)."""
+
+    Config = WorkloadConfig
+    input_error = DataError
 
     def __init__(self, config: WorkloadConfig, seed: int = 0):
         self.config, self.seed = config, seed
@@ -193,6 +197,14 @@ class AsrWorkload:
                 corpus = self.corpus(source)
                 if not len(corpus):
                     raise DataError(f"no usable {what} utterances in {source}: {corpus.skipped.describe()}")
+
+    @property
+    def max_rollbacks(self) -> int:
+        return self.config.optim.max_rollbacks
+
+    def skip_counts(self) -> dict[str, int]:
+        """Training utterances skipped, by reason."""
+        return dict(self.train.skipped.counts)
 
     def new_skips(self) -> dict[str, str]:
         """Training utterances skipped here since the last call (what -> reason): what a learner
@@ -258,8 +270,13 @@ class AsrWorkload:
         return ctc_loss(log_probs, out_lengths, batch.targets, batch.target_lengths)
 
     @torch.no_grad()
-    def evaluate(self, model: torch.nn.Module, source: str | Path) -> dict:
-        """WER (percent), mean loss and utterance count of `model` on a corpus."""
+    def evaluate(self, model: torch.nn.Module, source: str | Path) -> dict | None:
+        """WER (percent), mean loss and utterance count of `model` on a corpus: one of the spec's
+        splits by name (`dev`, `test`, `test_unseen`; None when the spec has none) or a manifest."""
+        if source in ("dev", "test", "test_unseen"):
+            source = getattr(self.config.data, str(source))
+            if source is None:
+                return None
         corpus = self.corpus(source)
         was_training = model.training
         model.eval()

@@ -1,182 +1,244 @@
-"""What a Ray cluster can give a job's learners, now and once its autoscaler has grown it.
+"""Capacity: the resources a job holds and asks for, one slot per learner.
 
-- `use_gpus(accelerator)`: the spec's `accelerator` (`gpu`, `cpu` or `auto`) made concrete;
-  `auto` means GPUs when the cluster has one now or its autoscaler can launch a node type that
-  has them (a CPU head with GPU workers at `min_workers: 0` has none until a job asks).
-- `autoscaler_node_types()`: the node types the cluster's autoscaler may launch, as Ray reports
-  them (the cluster config the autoscaler publishes in the GCS), or None without an autoscaler.
-- `most_resources()`: the cluster's resources once every node it may launch is there.
-- `check_minimum(...)`: a job whose `learners.min` can never be placed — not on the nodes there
-  are, nor on those the autoscaler may add — fails at once with what the cluster has and what to
-  change, instead of waiting out `learners.wait_timeout_s`.
+On Ray a slot is a single-bundle placement group (`<job>/learner-<id>`), so learners can be added
+or lost one at a time and the dashboard shows each; a job that runs as a Tune trial takes the
+bundles of the trial's own placement group instead (`BundlePool`), so Tune accounts for every
+learner. A pending placement group is the job's only resource demand: Ray places it as soon as
+a node can hold it, and an autoscaler launches nodes for it. `release` removes what the job
+holds or asks for, on every exit path. A one-learner job in this process has one local slot.
 
-Learners' demand itself is their pending placement groups (`placement.request_slot`): Ray's
-autoscaler sees them and launches nodes to hold them, and removing them withdraws it.
+Capacity knows slots, not learners: which learner runs where is `roster.py`'s, starting one is
+`runtime.py`'s, and what the cluster could ever hold is `cluster.py`'s.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-from pathlib import Path
-
-import yaml
-
-AUTOSCALER_WAIT_S = 10.0  # how long a fresh head's autoscaler may take to publish its node types
+import time
+from dataclasses import dataclass, field
 
 
-class CapacityError(RuntimeError):
-    """The cluster can never hold the job's minimum; the message says what it has and what to change."""
+class CapacityTimeout(RuntimeError):
+    """Fewer than `learners.min` learners could be placed within `learners.wait_timeout_s`."""
 
 
-@dataclass(frozen=True)
-class NodeType:
-    """One kind of node the autoscaler can launch: its resources and at most how many (-1: no limit)."""
-
-    name: str
-    resources: dict
-    max_count: int
+class PlacementTimeout(RuntimeError):
+    pass
 
 
-def autoscaler_node_types() -> list[NodeType] | None:
-    """The worker node types the cluster's autoscaler may launch, or None when the cluster has
-    no autoscaler (a local or fixed cluster). Read from Ray: the cluster config in the GCS where
-    the autoscaler publishes it (autoscaler v2, KubeRay), else the config file the autoscaler
-    process on this node was started with (`ray start --autoscaling-config`; a submitted job's
-    driver runs on the head, beside it)."""
-    import ray
-
-    config = ray._private.state.state.get_cluster_config()
-    if config is not None and config.node_group_configs:
-        return [NodeType(g.name, {k: float(v) for k, v in g.resources.items()}, g.max_count)
-                for g in config.node_group_configs if g.max_count != 0]
-    path = _monitor_config_path(ray.get_runtime_context().gcs_address)
-    if path is None:
-        return None
-    cluster = yaml.safe_load(Path(path).expanduser().read_text())
-    return node_types_of(cluster)
+def learner_bundle(cpus: float, use_gpus: bool, resources: dict[str, float] | None = None) -> dict:
+    """One learner's reservation: its CPUs, a GPU when it asks for one, and custom resources."""
+    bundle = {"CPU": cpus, **(resources or {})}
+    return {**bundle, "GPU": 1} if use_gpus else bundle
 
 
-def node_types_of(cluster: dict) -> list[NodeType]:
-    """The worker node types of an autoscaler cluster config (`cluster.yaml`'s shape): every type
-    but the head's that may have a node, at most its `max_workers` (and the cluster's).
+@dataclass
+class Slot:
+    """Where one learner runs: bundle `index` (of resources `bundle`) of placement group `pg`,
+    which is either the learner's own (freeing the slot removes it), lent by a `BundlePool`
+    (freeing gives it back), or None (this process)."""
 
-    Example:
-        >>> node_types_of({"head_node_type": "head", "max_workers": 3, "available_node_types": {
-        ...     "head": {"resources": {"CPU": 2}}, "gpu": {"resources": {"GPU": 1}, "max_workers": 4}}})
-        [NodeType(name='gpu', resources={'GPU': 1.0}, max_count=3)]
-    """
-    most = cluster.get("max_workers", -1)
-    types = []
-    for name, node in cluster.get("available_node_types", {}).items():
-        count = node.get("max_workers", most)
-        if name == cluster.get("head_node_type") or count == 0:
-            continue
-        types.append(NodeType(name, {k: float(v) for k, v in (node.get("resources") or {}).items()},
-                              min(count, most) if most >= 0 else count))
-    return types
+    pg: object
+    index: int = 0
+    pool: BundlePool | None = None
+    bundle: dict = field(default_factory=dict)
+
+    def ready(self):
+        return self.pg.ready() if self.pg is not None else None
+
+    def free(self) -> None:
+        if self.pool is not None:
+            self.pool.give_back(self.index)
+        elif self.pg is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(self.pg)
 
 
-def _monitor_config_path(gcs_address: str) -> str | None:
-    """The `--autoscaling-config` of the autoscaler (Ray's `monitor.py`) of the cluster at
-    `gcs_address`, when it runs on this node."""
-    port = gcs_address.rsplit(":", 1)[-1]
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+@dataclass
+class BundlePool:
+    """Learner slots inside a placement group that someone else owns and removes (a Tune
+    trial's): its bundles `indices`, each the same `bundle` of resources."""
+
+    pg: object
+    indices: list[int]
+    bundle: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        self._free = list(self.indices)
+
+    @classmethod
+    def of_current_trial(cls) -> BundlePool:
+        """The bundles after the first (the trial driver's) of the placement group this process
+        runs in."""
+        import ray
+
+        pg = ray.util.get_current_placement_group()
+        if pg is None:
+            raise RuntimeError("not running inside a placement group (a Tune trial with a PlacementGroupFactory)")
+        specs = pg.bundle_specs
+        return cls(pg, list(range(1, len(specs))), dict(specs[1]) if len(specs) > 1 else {})
+
+    def take(self) -> Slot | None:
+        return Slot(self.pg, self._free.pop(0), self, self.bundle) if self._free else None
+
+    def give_back(self, index: int) -> None:
+        if index not in self._free:
+            self._free.append(index)
+
+
+def request_slot(job_id: str, learner_id: int, bundle: dict, pool: BundlePool | None = None) -> Slot | None:
+    """Ask Ray for one learner's placement group (placed when capacity allows), or take a free
+    bundle of `pool` (None when all are taken)."""
+    if pool is not None:
+        return pool.take()
+    from ray.util.placement_group import placement_group
+
+    return Slot(placement_group([bundle], strategy="PACK", name=f"{job_id}/learner-{learner_id}"), bundle=bundle)
+
+
+def release(slots: list[Slot], actors, runtime=None) -> None:
+    """Kill learners and free their slots (placed or still pending)."""
+    from orchestrator.runtime import RayRuntime
+
+    (runtime or RayRuntime()).kill(actors)
+    for slot in slots:
         try:
-            args = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
-        except OSError:
-            continue
-        if not any(a.endswith("autoscaler/_private/monitor.py") for a in args):
-            continue
-        if not any(a.startswith("--gcs-address=") and a.rsplit(":", 1)[-1] == port for a in args):
-            continue
-        for a in args:
-            if a.startswith("--autoscaling-config="):
-                return a.split("=", 1)[1]
-    return None
+            slot.free()
+        except Exception:  # noqa: BLE001 - already removed
+            pass
 
 
-def use_gpus(accelerator: str) -> bool:
-    """Whether learners ask for a GPU: `gpu` yes, `cpu` no, `auto` when the cluster has a GPU
-    now or can launch a node type that has one."""
-    if accelerator != "auto":
-        return accelerator == "gpu"
-    import ray
+class Capacity:
+    """The slots a job has asked for and not yet handed to a learner (`pending`), up to
+    `learners.max` learners in all.
 
-    if ray.cluster_resources().get("GPU", 0) >= 1:
-        return True
-    return any(t.resources.get("GPU", 0) >= 1 for t in autoscaler_node_types() or [])
-
-
-def most_resources() -> dict:
-    """The cluster's resources in all, with every node its autoscaler may launch (a type with no
-    limit counts as infinitely many)."""
-    import ray
-
-    total = dict(ray.cluster_resources())
-    for t in autoscaler_node_types() or []:
-        for key, value in t.resources.items():
-            total[key] = total.get(key, 0.0) + (math.inf if t.max_count < 0 else t.max_count * value)
-    return total
-
-
-def bundles_fit(resources: dict, bundle: dict) -> int:
-    """How many copies of `bundle` one node with `resources` holds.
-
-    Example:
-        >>> bundles_fit({"CPU": 2.0, "GPU": 1.0}, {"CPU": 1.0})
-        2
-        >>> bundles_fit({"CPU": 8.0}, {"CPU": 1.0, "GPU": 1})
-        0
+    Args:
+        job_id, spec: the job.
+        runtime: where learners run (`runtime.py`); in this process there is one local slot.
+        pool: a Tune trial's `BundlePool` to take slots from instead of placement groups.
     """
-    need = {k: v for k, v in bundle.items() if v > 0}
-    if not need:
-        return 0
-    return min(math.floor(resources.get(k, 0.0) / v + 1e-9) for k, v in need.items())
+
+    def __init__(self, job_id: str, spec, runtime, pool: BundlePool | None = None):
+        self.job_id, self.spec, self.runtime, self.pool = job_id, spec, runtime, pool
+        self.pending: dict[int, tuple[Slot, object]] = {}  # learner id -> (slot, its ready() ref)
+        self.bundle: dict = {}
+        self.next_id = 0
+
+    def check(self, ids: list[int] = ()) -> None:
+        """Each learner's bundle; fails at once (`cluster.CapacityError`) when `learners.min` can
+        never be placed, not even on every node the autoscaler may launch."""
+        if not self.runtime.distributed:
+            return
+        from orchestrator.cluster import check_minimum, use_gpus
+
+        self.next_id = max(ids, default=-1) + 1
+        if self.pool is not None:
+            self.bundle = self.pool.bundle
+            return
+        spec = self.spec
+        self.bundle = learner_bundle(spec.cpus_per_learner or 1.0, use_gpus(spec.accelerator), spec.learner_resources)
+        check_minimum(self.job_id, [self._bundle_of(k) for k in spec.accelerator_types or [None]], spec.learners.min)
+
+    def ask(self, held: list[Slot], ids: list[int] = ()) -> None:
+        """Ask for slots until the learners holding `held` plus those pending reach `learners.max`
+        (`ids` first, e.g. those of a checkpoint)."""
+        ids = list(ids)
+        if not self.runtime.distributed:
+            if not held and not self.pending:
+                self.pending[0] = (Slot(None, bundle={"CPU": self.spec.cpus_per_learner}), None)
+            return
+        while len(held) + len(self.pending) < self.spec.learners.max:
+            learner_id = ids[0] if ids else self.next_id
+            slot = request_slot(self.job_id, learner_id, self._next_bundle(held), self.pool)
+            if slot is None:  # the pool's bundles are all taken (until a learner gives one back)
+                return
+            if ids:
+                ids.pop(0)
+            else:
+                self.next_id += 1
+            self.pending[learner_id] = (slot, slot.ready())
+
+    def _bundle_of(self, kind: str | None) -> dict:
+        return self.bundle if kind is None else {**self.bundle, kind: 1.0}
+
+    def _next_bundle(self, held: list[Slot]) -> dict:
+        """With `accelerator_types`, one unit of the kind that has the fewest learners (live,
+        starting or asked for), so learners spread over the kinds."""
+        kinds = self.spec.accelerator_types
+        if not kinds or self.pool is not None:
+            return self.bundle
+        bundles = [s.bundle for s in held] + [slot.bundle for slot, _ in self.pending.values()]
+        count = {kind: sum(1 for b in bundles if kind in b) for kind in kinds}
+        return self._bundle_of(min(kinds, key=lambda kind: count[kind]))
+
+    def placed(self, timeout: float = 0) -> list[tuple[int, Slot]]:
+        """The pending slots Ray has placed (within `timeout`); they stop being pending."""
+        if not self.runtime.distributed:
+            placed = [(i, slot) for i, (slot, _) in self.pending.items()]
+            self.pending.clear()
+            return placed
+        by_ref = {ref: i for i, (_, ref) in self.pending.items()}
+        ready = self.runtime.wait(list(by_ref), num_returns=len(by_ref), timeout=timeout)
+        return [(by_ref[ref], self.pending.pop(by_ref[ref])[0]) for ref in ready]
+
+    def watched(self) -> list:
+        """Refs that become ready when a pending slot is placed."""
+        return [ref for _, ref in self.pending.values() if ref is not None]
+
+    def wait(self, also: list, deadline: float, what) -> None:
+        """Block until a slot is placed or one of `also` is ready (at most 5 s per call), or raise
+        CapacityTimeout (`what()` says what was wanted) once `deadline` has passed."""
+        refs = self.watched() + list(also)
+        left = deadline - time.time()
+        if left <= 0 or not refs:
+            raise CapacityTimeout(what())
+        self.runtime.wait(refs, num_returns=1, timeout=min(left, 5.0))
+
+    def waiting_message(self, have: int, timed_out: bool = False) -> str:
+        """What the job waits for: its learners, the minimum, the bundle and what is free now."""
+        import ray
+
+        want = self.spec.learners
+        available = ray.available_resources()
+        free = {k: round(available.get(k, 0), 2) for k in self.bundle}
+        what = (f"{self.job_id}: {have} of at least {want.min} learners placed; "
+                f"{'gave up waiting' if timed_out else 'waiting'} for capacity for {want.min - have} more "
+                f"({self.bundle} each; free now: {free})")
+        return what + (f" after {want.wait_timeout_s:g} s (learners.wait_timeout_s)" if timed_out
+                       else f", for up to {want.wait_timeout_s:g} s (learners.wait_timeout_s)")
+
+    def free(self, slot: Slot, handle=None) -> None:
+        """Kill a learner and free its slot."""
+        release([slot], [handle] if handle is not None else [], self.runtime)
+
+    def release(self, slots: list[Slot], actors: list) -> None:
+        """Kill `actors` and free `slots` and every pending slot: the job's whole demand."""
+        if not self.runtime.distributed:
+            return
+        release(list(slots) + [slot for slot, _ in self.pending.values()], actors, self.runtime)
+        self.pending.clear()
 
 
-def check_minimum(job_id: str, bundles: list[dict], minimum: int) -> None:
-    """Raise `CapacityError` when `minimum` learners, each taking one of `bundles` (one, or one
-    per accelerator type), cannot all be placed even on an empty cluster: on the live nodes,
-    plus (with an autoscaler) every node it may launch."""
+def place_learners(job_id: str, count: int, cpus_per_learner: float, workload: str, workload_config: dict,
+                   seed: int, timeout_s: float = 120.0):
+    """A fixed set of `count` learners sharing one static shard plan (tests and benchmarks);
+    returns (slots, actors)."""
     import ray
 
-    def fit(resources: dict) -> int:
-        return max(bundles_fit(resources, b) for b in bundles)
+    from orchestrator.cluster import use_gpus
+    from orchestrator.runtime import RayRuntime
+    from orchestrator.shards import ShardPlanner
 
-    wanted = " or ".join(_short(b) for b in bundles)
-    nodes = [n["Resources"] for n in ray.nodes() if n["Alive"]]
-    fit_now = sum(fit(r) for r in nodes)
-    types = autoscaler_node_types()
-    if types is not None:
-        if any(t.max_count < 0 and fit(t.resources) > 0 for t in types):
-            return
-        fit_later = fit_now + sum(t.max_count * fit(t.resources) for t in types)
-        if fit_later >= minimum:
-            return
-        offered = ", ".join(f"{t.name} (up to {t.max_count}: {_short(t.resources)})" for t in types) or "none"
-        raise CapacityError(
-            f"{job_id}: learners.min is {minimum} learners of {wanted}, but this cluster holds at most "
-            f"{fit_later} of them, even with every node its autoscaler may launch (node types: {offered}); "
-            f"{_advice(bundles[0])}")
-    if fit_now >= minimum:
-        return
-    cpus = sum(r.get("CPU", 0) for r in nodes)
-    gpus = sum(r.get("GPU", 0) for r in nodes)
-    raise CapacityError(
-        f"{job_id}: learners.min is {minimum} learners of {wanted}, but this cluster has no autoscaler and "
-        f"holds at most {fit_now} ({len(nodes)} node{'s' if len(nodes) != 1 else ''}: {cpus:g} CPUs, "
-        f"{gpus:g} GPUs in all); {_advice(bundles[0])}")
-
-
-def _advice(bundle: dict) -> str:
-    if bundle.get("GPU", 0) > 0:
-        return "lower learners.min (or learners), or set accelerator: cpu to train on CPUs"
-    cpus = bundle.get("CPU", 1.0)
-    return f"lower learners.min (or learners), or cpus_per_learner (now {cpus:g}; e.g. {cpus / 2:g})"
-
-
-def _short(resources: dict) -> str:
-    return "{" + ", ".join(f"{k}: {v:g}" for k, v in resources.items()) + "}"
+    bundle = learner_bundle(cpus_per_learner, use_gpus("auto"))
+    slots = [request_slot(job_id, i, bundle) for i in range(count)]
+    ready, _ = ray.wait([slot.ready() for slot in slots], num_returns=count, timeout=timeout_s)
+    if len(ready) < count:
+        release(slots, [])
+        raise PlacementTimeout(
+            f"{job_id}: could not reserve {count} learners of {bundle} within {timeout_s:.0f}s; "
+            f"the cluster has {ray.available_resources()} available")
+    planner = ShardPlanner(list(range(count)))
+    runtime = RayRuntime()
+    actors = [runtime.start_learner(job_id, i, slot, workload, workload_config, seed, planner)
+              for i, slot in enumerate(slots)]
+    return slots, actors

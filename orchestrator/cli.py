@@ -80,8 +80,9 @@ def main():
 @click.option("--workers", type=int, default=None, help="Processes [default: CPU count].")
 def synth(out, utterances, eval_utterances, seed, workers):
     """Synthesize an offline multi-voice speech corpus into OUT."""
-    from jobs.synth import synthesize
+    from orchestrator.workload import workload_part
 
+    synthesize = workload_part("asr", "synthesize")
     summary = synthesize(out, utterances=utterances, eval_utterances=eval_utterances, seed=seed, workers=workers)
     click.echo(strict_json.dumps(summary))
 
@@ -103,41 +104,15 @@ def format_eval(record: dict) -> str:
 @_fail_on_spec_error
 def train(spec_path, overrides, out, address, resume, overwrite):
     """Train the job SPEC (YAML); prints one line per evaluation and the summary JSON last."""
-    from jobs.data import DataError
-    from orchestrator.capacity import CapacityError
+    from orchestrator.capacity import CapacityTimeout
     from orchestrator.checkpoint import CheckpointError
-    from orchestrator.elastic import CapacityTimeout
-    from orchestrator.job import TrainingDiverged, TrainingJob
+    from orchestrator.cluster import CapacityError
+    from orchestrator.job import TrainingDiverged
     from orchestrator.rundir import RunDirError
     from orchestrator.storage import StorageError
 
     spec = load_spec(_spec_file(spec_path), list(overrides))
-    out = out or _default_out(spec_path, spec.name)
-    use_ray = spec.learners.max > 1 or address is not None
-    try:
-        job = TrainingJob(spec, out, report=lambda r: click.echo(format_eval(r)), resume=resume, use_ray=use_ray,
-                          overwrite=overwrite)
-    except StorageError as exc:
-        raise click.ClickException(str(exc)) from None
-    out = job.storage.where
-    try:  # before Ray starts: data with nothing usable in a split is refused at once, naming it
-        job.workload.check_data()
-    except DataError as exc:
-        raise click.ClickException(str(exc)) from None
-    try:
-        job.claim()  # before Ray starts: a folder in use or holding a run is refused at once
-    except (RunDirError, StorageError) as exc:
-        raise click.ClickException(str(exc)) from None
-    if use_ray:
-        import ray
-
-        context = ray.init(address=address, log_to_driver=False)
-        url = getattr(context, "dashboard_url", None)
-        click.echo(f"chorus: Ray dashboard at http://{url}" if url else "chorus: Ray dashboard not running")
-    n = spec.learners
-    learners = f"{n.max} learner{'s' if n.max > 1 else ''}" if n.fixed else f"{n.min} to {n.max} learners"
-    group = f", {spec.group.kind}" if n.max > 1 else ""
-    click.echo(f"chorus: training {spec.name} ({spec.model.kind}, {learners}{group}) -> {out}")
+    job = _prepared_job(spec, out or _default_out(spec_path, spec.name), address, resume, overwrite)
     received = []
 
     def on_signal(signum, frame):  # Ctrl-C, and SIGTERM from `chorus jobs stop` / `ray job stop`
@@ -161,9 +136,46 @@ def train(spec_path, overrides, out, address, resume, overwrite):
         sys.exit(128 + (received[-1] if received else signal.SIGINT))
     except (CheckpointError, RunDirError, StorageError, TrainingDiverged) as exc:
         raise click.ClickException(str(exc)) from None
-    except DataError as exc:  # a learner's, through Ray: its own message, not the traceback Ray wraps it in
+    except job.workload.input_error as exc:  # a learner's, through Ray: its message, not Ray's traceback
         raise click.ClickException(str(getattr(exc, "cause", exc))) from None
     click.echo(strict_json.dumps(summary))
+
+
+def _prepared_job(spec, out, address, resume: bool, overwrite: bool):
+    """The job, its data checked and its output claimed before Ray starts (a split with nothing
+    usable, a folder in use or holding a run are refused at once); then Ray, and the banner."""
+    from orchestrator.job import TrainingJob
+    from orchestrator.rundir import RunDirError
+    from orchestrator.runtime import runtime_for
+    from orchestrator.storage import StorageError
+
+    runtime = runtime_for(spec, distributed=spec.learners.max > 1 or address is not None)
+    try:
+        job = TrainingJob(spec, out, report=lambda r: click.echo(format_eval(r)), resume=resume, runtime=runtime,
+                          overwrite=overwrite)
+        job.workload.check_data()
+        job.claim()
+    except (RunDirError, StorageError, job_input_errors(spec)) as exc:
+        raise click.ClickException(str(exc)) from None
+    if runtime.distributed:
+        import ray
+
+        context = ray.init(address=address, log_to_driver=False)
+        url = getattr(context, "dashboard_url", None)
+        click.echo(f"chorus: Ray dashboard at http://{url}" if url else "chorus: Ray dashboard not running")
+    n = spec.learners
+    learners = f"{n.max} learner{'s' if n.max > 1 else ''}" if n.fixed else f"{n.min} to {n.max} learners"
+    group = f", {spec.group.kind}" if n.max > 1 else ""
+    kind = getattr(getattr(spec.workload_config, "model", None), "kind", spec.workload)
+    click.echo(f"chorus: training {spec.name} ({kind}, {learners}{group}) -> {job.storage.where}")
+    return job
+
+
+def job_input_errors(spec) -> type[Exception]:
+    """The exception the spec's workload raises for data it cannot use."""
+    from orchestrator.workload import workload_class
+
+    return workload_class(spec.workload).input_error
 
 
 @main.command()
@@ -209,17 +221,17 @@ def sweep(sweep_path, overrides, out, address, resume):
 def evaluate(checkpoint, data):
     """WER of CHECKPOINT on DATA (a .jsonl manifest or a LibriSpeech-layout directory). A run's
     checkpoint.pt means its newest usable checkpoint."""
-    from jobs.workload import AsrWorkload, WorkloadConfig
     from orchestrator.checkpoint import CheckpointError, load
+    from orchestrator.workload import workload_class
 
     try:  # checkpoint.pt: the run's newest usable checkpoint (a broken newer one is named on stderr)
         state = load(checkpoint).state
     except CheckpointError as exc:
         raise click.ClickException(str(exc)) from None
+    cls = workload_class(state["spec"].get("workload", "asr"))
     raw = {k: state["spec"][k] for k in ("features", "model", "optim")}
-    config = WorkloadConfig.model_validate({**raw, "data": {"train": str(data), "max_batch_seconds":
-                                                             state["spec"]["data"]["max_batch_seconds"]}})
-    workload = AsrWorkload(config)
+    workload = cls(cls.Config.model_validate({**raw, "data": {
+        "train": str(data), "max_batch_seconds": state["spec"]["data"]["max_batch_seconds"]}}))
     model = workload.build_model()
     workload.load_state_dict(state, model)
     result = workload.evaluate(model, data)

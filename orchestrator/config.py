@@ -11,9 +11,19 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializeAsAny,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
-from jobs.workload import WorkloadConfig
+from orchestrator.workload import workload_class
 
 
 class SpecError(ValueError):
@@ -117,8 +127,11 @@ class SimulateConfig(BaseModel):
         return value
 
 
-class JobSpec(WorkloadConfig):
-    """A training job: the workload's sections plus budget, learners, group and seed.
+class JobSpec(BaseModel):
+    """A training job: the orchestrator's sections (budget, learners, group, seed, ...) and, in
+    `workload_config`, the sections of the workload named by `workload` (`orchestrator.workload`;
+    `asr` by default: data, features, model, optim). In YAML the workload's sections sit at the
+    top level beside the others, and `spec.data` reads `spec.workload_config.data`.
 
     `cpus_per_learner` is each learner's CPU reservation on Ray (default 1; fractions share a
     core); a one-learner job run without Ray uses all of this machine's cores unless it is set.
@@ -131,6 +144,9 @@ class JobSpec(WorkloadConfig):
     learners spread evenly over them, and the summary reports each kind's learners and speed.
     """
 
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    workload: str = "asr"
+    workload_config: SerializeAsAny[BaseModel]
     name: str = Field("chorus", pattern=r"^[A-Za-z0-9_.-]+$", max_length=200)
     budget: BudgetConfig = BudgetConfig()
     learners: LearnersConfig = LearnersConfig()
@@ -141,6 +157,52 @@ class JobSpec(WorkloadConfig):
     group: GroupConfig = GroupConfig()
     seed: int = Field(0, ge=0)
     simulate: SimulateConfig = SimulateConfig()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gather_workload_sections(cls, raw: Any) -> Any:
+        """The workload's sections, given at the top level, become `workload_config`."""
+        if not isinstance(raw, dict) or "workload_config" in raw:
+            return raw
+        try:
+            fields = workload_class(raw.get("workload", "asr")).Config.model_fields
+        except (KeyError, TypeError):
+            return raw  # `workload`'s own check names it
+        raw = dict(raw)
+        raw["workload_config"] = {k: raw.pop(k) for k in list(raw) if k in fields}
+        return raw
+
+    @field_validator("workload")
+    @classmethod
+    def _known_workload(cls, name: str) -> str:
+        try:
+            workload_class(name)
+        except KeyError as exc:
+            raise ValueError(exc.args[0]) from None
+        return name
+
+    @field_validator("workload_config", mode="before")
+    @classmethod
+    def _workload_section(cls, value: Any, info: ValidationInfo) -> BaseModel:
+        if "workload" not in info.data:
+            raise ValueError("no sections of an unknown workload")
+        config = workload_class(info.data["workload"]).Config
+        return value if isinstance(value, config) else config.model_validate(value, context=info.context)
+
+    @model_serializer(mode="wrap")
+    def _flat(self, handler) -> dict:
+        """Dumped as written: the workload's sections at the top level."""
+        out = handler(self)
+        if isinstance(out, dict) and isinstance(out.get("workload_config"), dict):
+            section = out.pop("workload_config")
+            out = {**out, **section}
+        return out
+
+    def __getattr__(self, name: str) -> Any:
+        section = self.__dict__.get("workload_config")
+        if section is not None and name in type(section).model_fields:
+            return getattr(section, name)
+        return super().__getattr__(name)
 
     @field_validator("name")
     @classmethod
@@ -200,7 +262,8 @@ def apply_overrides(raw: dict, overrides: list[str], where: str = "<spec>") -> d
 def _format_errors(exc: ValidationError, where: str, overridden: set[str]) -> str:
     lines = []
     for err in exc.errors():
-        key = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        loc = err["loc"][1:] if err["loc"][:1] == ("workload_config",) else err["loc"]
+        key = ".".join(str(p) for p in loc) or "(top level)"
         if err["type"] == "extra_forbidden":
             msg = "unknown key"
         else:

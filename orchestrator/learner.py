@@ -19,11 +19,54 @@ from contextlib import contextmanager
 import ray
 import torch
 
-from jobs.workload import AsrWorkload, WorkloadConfig
+from orchestrator.runtime import call
+from orchestrator.workload import build_workload
 
 
-class Learner:
+class ReplicaWeights:
+    """A learner's trainable weights as one flat tensor, read and written under its weight lock
+    (`self.lock`, `self.params`, `self.device` are the learner's)."""
+
+    def flat_weights(self, on_device: bool = False) -> torch.Tensor:
+        """A copy of the trainable weights as one flat tensor: on the CPU, or on the learner's
+        device (for collectives)."""
+        with self.lock:
+            flat = torch.nn.utils.parameters_to_vector([p.data for p in self.params])
+        return flat.clone() if on_device or self.device.type == "cpu" else flat.cpu()
+
+    def load_flat_weights(self, flat: torch.Tensor) -> None:
+        flat = flat.to(self.device)
+        with self.lock:
+            self._assign(flat)
+
+    def _assign(self, flat: torch.Tensor) -> None:
+        # .data: in-place changes invisible to autograd, so a backward pass in flight on the
+        # compute thread is not invalidated (AD-PSGD tolerates reading slightly stale weights)
+        offset = 0
+        for p in self.params:
+            n = p.numel()
+            p.data.copy_(flat[offset:offset + n].view_as(p))
+            offset += n
+
+    def average(self, other: torch.Tensor) -> torch.Tensor:
+        """Atomically replace these weights with the mean of these and `other`; return the mean
+        (on the CPU)."""
+        other = other.to(self.device)
+        with self.lock:
+            mine = torch.nn.utils.parameters_to_vector([p.data for p in self.params])
+            mean = (mine + other) / 2
+            self._assign(mean)
+            self.averages += 1
+        return mean.cpu()
+
+    def flat_grads(self) -> torch.Tensor:
+        """The gradients as one flat tensor (a view: no copy)."""
+        return self.grad_buffer[:-2]
+
+
+class Learner(ReplicaWeights):
     """Args:
+    workload: the registered workload's name (`orchestrator.workload`).
     workload_config: the workload's sections of the job spec (a dict, as sent over Ray).
     seed: the job's seed (every learner starts from the same initial weights).
     learner_id: this learner's id in its job.
@@ -35,21 +78,15 @@ class Learner:
     on the CPU otherwise. Weights and states cross the learner's boundary as CPU tensors.
     """
 
-    def __init__(self, workload_config: dict, seed: int, learner_id: int, planner, threads: int = 1):
+    def __init__(self, workload: str, workload_config: dict, seed: int, learner_id: int, planner, threads: int = 1):
         torch.set_num_threads(max(1, threads))
         self.device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-        self.workload = AsrWorkload(WorkloadConfig.model_validate(workload_config), seed=seed)
+        self.workload = build_workload(workload, workload_config, seed)
         self.model = self.workload.build_model().to(self.device)
         self.model.train()
         self.optimizer = self.workload.build_optimizer(self.model)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        # every gradient is a view into one flat buffer (as DDP's gradient_as_bucket_view), so groups
-        # all-reduce it in place without copies; two extra slots carry the batch size and loss
-        self.grad_buffer = torch.zeros(sum(p.numel() for p in self.params) + 2, device=self.device)
-        offset = 0
-        for p in self.params:
-            p.grad = self.grad_buffer[offset:offset + p.numel()].view_as(p)
-            offset += p.numel()
+        self.grad_buffer = flat_grad_buffer(self.params, self.device)
         self.learner_id, self.planner = learner_id, planner
         self.lock = threading.Lock()
         self.step = self.samples = self.epoch = self.averages = 0
@@ -75,7 +112,7 @@ class Learner:
         """The next batch of this epoch's shard, or None when the shard is used up (or this learner
         has none this epoch: it joined after the epoch's split was fixed)."""
         if self._shard is None:
-            assignment = _call(self.planner, "assignment", self.learner_id, self.epoch)
+            assignment = call(self.planner, "assignment", self.learner_id, self.epoch)
             if assignment is None:
                 self._batches, self._shard = None, iter(())
             else:
@@ -155,43 +192,6 @@ class Learner:
         finally:
             self.computing_since = time.time() if computing is not None else None
 
-    # -- weights ------------------------------------------------------------------------------
-    def flat_weights(self, on_device: bool = False) -> torch.Tensor:
-        """A copy of the trainable weights as one flat tensor: on the CPU, or on the learner's
-        device (for collectives)."""
-        with self.lock:
-            flat = torch.nn.utils.parameters_to_vector([p.data for p in self.params])
-        return flat.clone() if on_device or self.device.type == "cpu" else flat.cpu()
-
-    def load_flat_weights(self, flat: torch.Tensor) -> None:
-        flat = flat.to(self.device)
-        with self.lock:
-            self._assign(flat)
-
-    def _assign(self, flat: torch.Tensor) -> None:
-        # .data: in-place changes invisible to autograd, so a backward pass in flight on the
-        # compute thread is not invalidated (AD-PSGD tolerates reading slightly stale weights)
-        offset = 0
-        for p in self.params:
-            n = p.numel()
-            p.data.copy_(flat[offset:offset + n].view_as(p))
-            offset += n
-
-    def average(self, other: torch.Tensor) -> torch.Tensor:
-        """Atomically replace these weights with the mean of these and `other`; return the mean
-        (on the CPU)."""
-        other = other.to(self.device)
-        with self.lock:
-            mine = torch.nn.utils.parameters_to_vector([p.data for p in self.params])
-            mean = (mine + other) / 2
-            self._assign(mean)
-            self.averages += 1
-        return mean.cpu()
-
-    def flat_grads(self) -> torch.Tensor:
-        """The gradients as one flat tensor (a view: no copy)."""
-        return self.grad_buffer[:-2]
-
     # -- state --------------------------------------------------------------------------------
     def counters(self) -> dict:
         return {"step": self.step, "samples": self.samples, "epoch": self.epoch, "position": self.position,
@@ -237,11 +237,15 @@ class Learner:
         self.step_began: list[float] = []  # time.time() at the start of each of this chunk's steps
 
 
-def _call(target, method: str, *args):
-    """Call `method` on a plain object or on a Ray actor (and wait for its result)."""
-    if isinstance(target, ray.actor.ActorHandle):
-        return ray.get(getattr(target, method).remote(*args))
-    return getattr(target, method)(*args)
+def flat_grad_buffer(params: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """One flat buffer that every gradient is a view into (as DDP's gradient_as_bucket_view), so
+    groups all-reduce it in place without copies; two extra slots carry the batch size and loss."""
+    buffer = torch.zeros(sum(p.numel() for p in params) + 2, device=device)
+    offset = 0
+    for p in params:
+        p.grad = buffer[offset:offset + p.numel()].view_as(p)
+        offset += p.numel()
+    return buffer
 
 
 def _cpu_copy(value):
@@ -259,9 +263,9 @@ class LearnerService:
     reads are served on the `mix` concurrency group, concurrently with `run`. `LearnerActor` is
     this class as a Ray actor; one-learner jobs use it in-process."""
 
-    def __init__(self, workload_config: dict, seed: int, learner_id: int, planner, threads: int = 1,
+    def __init__(self, workload: str, workload_config: dict, seed: int, learner_id: int, planner, threads: int = 1,
                  slowdown: float = 1.0):
-        self.learner = Learner(workload_config, seed, learner_id, planner, threads)
+        self.learner = Learner(workload, workload_config, seed, learner_id, planner, threads)
         self.learner._slowdown = float(slowdown)
         self.group = None
         self._exit_in_join = self._exit_in_average = False
@@ -270,7 +274,8 @@ class LearnerService:
         return self.learner.device.type
 
     def node_id(self) -> str:
-        return ray.get_runtime_context().get_node_id()
+        """The Ray node it runs on (`local` in the driver's process)."""
+        return "local"
 
     def ip(self) -> str:
         return ray.util.get_node_ip_address()
@@ -422,6 +427,9 @@ class _LearnerProcess(LearnerService):
         super().__init__(*args, **kwargs)
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def node_id(self) -> str:
+        return ray.get_runtime_context().get_node_id()
 
     def _on_sigterm(self, signum, frame) -> None:
         self.learner.leaving = self.learner.leaving or "SIGTERM"

@@ -14,7 +14,7 @@ Without a Ray connection (a one-learner job in-process) recording is a no-op.
 
 from __future__ import annotations
 
-from functools import cache
+from functools import cache, partial
 
 # name: (kind, description, tag keys)
 METRICS = {
@@ -55,12 +55,8 @@ def prometheus_names(tag: str | None = None) -> set[str]:
     for name, (kind, _, tags) in METRICS.items():
         if tag is not None and tag not in tags:
             continue
-        if kind == "counter":
-            names.add(f"ray_{name}_total")
-        elif kind == "histogram":
-            names |= {f"ray_{name}_bucket", f"ray_{name}_sum", f"ray_{name}_count"}
-        else:
-            names.add(f"ray_{name}")
+        suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"]}.get(kind, [""])
+        names |= {f"ray_{name}{suffix}" for suffix in suffixes}
     return names
 
 
@@ -78,12 +74,9 @@ def _instruments_for(ray_job: str) -> dict:
 
     made = {}
     for name, (kind, description, tags) in METRICS.items():
-        if kind == "counter":
-            made[name] = Counter(name, description, tag_keys=tags)
-        elif kind == "histogram":
-            made[name] = Histogram(name, description, boundaries=STEP_SECONDS_BOUNDARIES, tag_keys=tags)
-        else:
-            made[name] = Gauge(name, description, tag_keys=tags)
+        make = {"counter": Counter, "gauge": Gauge,
+                "histogram": partial(Histogram, boundaries=STEP_SECONDS_BOUNDARIES)}[kind]
+        made[name] = make(name, description, tag_keys=tags)
     return made
 
 

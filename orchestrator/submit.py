@@ -123,7 +123,7 @@ class Cluster:
         kind, name = validate(spec_path, overrides)
         root = (working_dir or PROJECT).resolve()
         env = {**(env or {}), SPEC_VARIABLE: spec_text(Path(spec_path))}  # the spec travels on its own
-        command = ["python", "-m", "orchestrator.cli", "train" if kind == "job" else "sweep", f"env:{SPEC_VARIABLE}"]
+        command = ["python", "-m", "orchestrator.cli", {"job": "train", "sweep": "sweep"}[kind], f"env:{SPEC_VARIABLE}"]
         for override in overrides:
             command += ["--set", override]
         if out:

@@ -41,40 +41,39 @@ def build_method(sweep: SweepSpec, trial_resources=None) -> Method:
     from ray.tune.search import BasicVariantGenerator, ConcurrencyLimiter
 
     metric, mode, b = sweep.metric, sweep.mode, sweep.budget
-    kind = sweep.method
     param_space = None
-    if kind == "bohb":
-        from ray.tune.search.bohb import TuneBOHB
+    match sweep.method:
+        case "bohb":
+            from ray.tune.search.bohb import TuneBOHB
 
-        # TuneBOHB limits the trials it runs itself (a ConcurrencyLimiter would count paused ones)
-        searcher = TuneBOHB(space=sweep.space.to_configspace(seed=sweep.seed), metric=metric, mode=mode,
-                            seed=sweep.seed, max_concurrent=sweep.max_concurrent)
-        scheduler = _filled_brackets_bohb()(time_attr="training_iteration", metric=metric, mode=mode,
-                                            max_t=b.max, reduction_factor=b.reduction_factor,
-                                            stop_last_trials=True)
-    elif kind == "hyperopt":
-        from ray.tune.search.hyperopt import HyperOptSearch
+            # TuneBOHB limits the trials it runs itself (a ConcurrencyLimiter would count paused ones)
+            searcher = TuneBOHB(space=sweep.space.to_configspace(seed=sweep.seed), metric=metric, mode=mode,
+                                seed=sweep.seed, max_concurrent=sweep.max_concurrent)
+            scheduler = _filled_brackets_bohb()(time_attr="training_iteration", metric=metric, mode=mode,
+                                                max_t=b.max, reduction_factor=b.reduction_factor,
+                                                stop_last_trials=True)
+        case "hyperopt":
+            from ray.tune.search.hyperopt import HyperOptSearch
 
-        searcher = ConcurrencyLimiter(HyperOptSearch(space=sweep.space.to_hyperopt(), metric=metric, mode=mode,
-                                                     random_state_seed=sweep.seed,
-                                                     n_initial_points=min(20, max(3, sweep.trials // 4))),
-                                      max_concurrent=sweep.max_concurrent)
-        scheduler = ASHAScheduler(time_attr="training_iteration", metric=metric, mode=mode, max_t=b.max,
-                                  grace_period=b.min, reduction_factor=b.reduction_factor)
-    else:
-        # random configs; Hyperband pauses trials, which its limit would count as running, so
-        # there the cluster's capacity alone bounds how many run at once
-        searcher = BasicVariantGenerator(random_state=sweep.seed,
-                                         max_concurrent=0 if kind == "hyperband" else sweep.max_concurrent)
-        param_space = sweep.space.to_tune()
-        if kind == "hyperband":
-            scheduler = _hyperband()(time_attr="training_iteration", metric=metric, mode=mode, max_t=b.max,
-                                           reduction_factor=b.reduction_factor)
-        elif kind == "asha":
+            searcher = ConcurrencyLimiter(HyperOptSearch(space=sweep.space.to_hyperopt(), metric=metric, mode=mode,
+                                                         random_state_seed=sweep.seed,
+                                                         n_initial_points=min(20, max(3, sweep.trials // 4))),
+                                          max_concurrent=sweep.max_concurrent)
             scheduler = ASHAScheduler(time_attr="training_iteration", metric=metric, mode=mode, max_t=b.max,
                                       grace_period=b.min, reduction_factor=b.reduction_factor)
-        else:
-            scheduler = FIFOScheduler()
+        case "hyperband":
+            # random configs; Hyperband pauses trials, which a limit would count as running, so
+            # the cluster's capacity alone bounds how many run at once
+            searcher, param_space = BasicVariantGenerator(random_state=sweep.seed, max_concurrent=0), \
+                sweep.space.to_tune()
+            scheduler = _hyperband()(time_attr="training_iteration", metric=metric, mode=mode, max_t=b.max,
+                                     reduction_factor=b.reduction_factor)
+        case _:  # random configs, stopped early by ASHA or run to the end
+            searcher = BasicVariantGenerator(random_state=sweep.seed, max_concurrent=sweep.max_concurrent)
+            param_space = sweep.space.to_tune()
+            scheduler = ASHAScheduler(time_attr="training_iteration", metric=metric, mode=mode, max_t=b.max,
+                                      grace_period=b.min, reduction_factor=b.reduction_factor) \
+                if sweep.method == "asha" else FIFOScheduler()
     if sweep.learners_per_rung is not None and trial_resources is not None:
         scheduler = _rung_scaling(sweep, scheduler, trial_resources)
     return Method(searcher, scheduler, param_space)

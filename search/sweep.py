@@ -28,6 +28,23 @@ class SweepError(RuntimeError):
     """A sweep that cannot start or resume; the message says why."""
 
 
+def _new_tuner(sweep: SweepSpec, fn, resources, out: Path, verbose: int, stop, reuse_actors: bool):
+    """A Tuner with the sweep's search algorithm and scheduler, storing into `out`."""
+    from ray import tune
+
+    from search.gauges import SweepGauges
+    from search.methods import build_method
+
+    method = build_method(sweep, resources)
+    return tune.Tuner(
+        fn, param_space=method.param_space,
+        tune_config=tune.TuneConfig(search_alg=method.search_alg, scheduler=method.scheduler,
+                                    num_samples=sweep.trials, reuse_actors=reuse_actors),
+        run_config=tune.RunConfig(name=EXPERIMENT, storage_path=str(out), verbose=verbose, stop=stop,
+                                  callbacks=[SweepGauges(sweep.name, sweep.metric, sweep.mode)],
+                                  checkpoint_config=tune.CheckpointConfig(num_to_keep=1)))
+
+
 def run_sweep(sweep: SweepSpec, out: str | Path, resume: bool = False, trainable: Callable | None = None,
               resources: Callable[[int], object] | None = None, verbose: int = 1, stop=None,
               reuse_actors: bool = False) -> dict:
@@ -43,9 +60,7 @@ def run_sweep(sweep: SweepSpec, out: str | Path, resume: bool = False, trainable
     """
     from ray import tune
 
-    from orchestrator.capacity import use_gpus
-    from search.gauges import SweepGauges
-    from search.methods import build_method
+    from orchestrator.cluster import use_gpus
     from search.trial import run_trial, trial_resources, trial_scratch
 
     out = Path(out).resolve()
@@ -66,15 +81,7 @@ def run_sweep(sweep: SweepSpec, out: str | Path, resume: bool = False, trainable
         if experiment.exists() and tune.Tuner.can_restore(str(experiment)):
             raise SweepError(f"{experiment}: a sweep was already run there; continue it with --resume, "
                              "or choose another --out")
-        method = build_method(sweep, resources)
-        tuner = tune.Tuner(
-            fn, param_space=method.param_space,
-            tune_config=tune.TuneConfig(search_alg=method.search_alg, scheduler=method.scheduler,
-                                        num_samples=sweep.trials,
-                                        reuse_actors=reuse_actors),
-            run_config=tune.RunConfig(name=EXPERIMENT, storage_path=str(out), verbose=verbose, stop=stop,
-                                      callbacks=[SweepGauges(sweep.name, sweep.metric, sweep.mode)],
-                                      checkpoint_config=tune.CheckpointConfig(num_to_keep=1)))
+        tuner = _new_tuner(sweep, fn, resources, out, verbose, stop, reuse_actors)
     grid = tuner.fit()
     for result in grid:  # the job folders of trials stopped while paused (those run on this node)
         shutil.rmtree(trial_scratch(Path(result.path).name), ignore_errors=True)
@@ -84,7 +91,7 @@ def run_sweep(sweep: SweepSpec, out: str | Path, resume: bool = False, trainable
 def _check_fits(pgf) -> None:
     """Fail at once when not even one trial fits the cluster, even once its autoscaler (if any)
     has launched every node it may (instead of waiting)."""
-    from orchestrator.capacity import most_resources
+    from orchestrator.cluster import most_resources
 
     total = most_resources()
     need: dict[str, float] = {}

@@ -31,7 +31,7 @@ def trial_resources(sweep, learners: int, use_gpus: bool):
     """The PlacementGroupFactory of a trial with `learners` learners."""
     from ray.tune import PlacementGroupFactory
 
-    from orchestrator.placement import learner_bundle
+    from orchestrator.capacity import learner_bundle
 
     learner = learner_bundle(sweep.learner_cpus, use_gpus, sweep.job.get("learner_resources") or {})
     return PlacementGroupFactory([{"CPU": sweep.driver_cpus}] + [learner] * learners, strategy="PACK")
@@ -55,13 +55,24 @@ def _new_start_folder(trial_name: str) -> Path:
     return out
 
 
+def _trial_state(path: Path, resumed: bool) -> dict:
+    """The trial's own counters across its starts (kept beside its job's checkpoint)."""
+    state = json.loads(path.read_text()) if path.is_file() else {
+        "starts": 0, "learner_seconds": 0.0, "wall_s": 0.0, "resumed_at_epochs": []}
+    if resumed:
+        state["resumed_at_epochs"].append(state.get("epochs", 0))
+    state["starts"] += 1
+    return state
+
+
 def run_trial(config: dict, sweep_raw: dict) -> None:
     """The trainable: train the trial's job, reporting every epoch with a checkpoint."""
     from ray import tune
 
     from orchestrator import strict_json
+    from orchestrator.capacity import BundlePool
     from orchestrator.job import TrainingJob
-    from orchestrator.placement import BundlePool
+    from orchestrator.runtime import RayRuntime
     from search.spec import SweepSpec
 
     sweep = SweepSpec.model_validate(sweep_raw)
@@ -74,11 +85,7 @@ def run_trial(config: dict, sweep_raw: dict) -> None:
     if checkpoint is not None:
         checkpoint.to_directory(str(out))
     state_path = out / "trial.json"
-    state = json.loads(state_path.read_text()) if state_path.is_file() else {
-        "starts": 0, "learner_seconds": 0.0, "wall_s": 0.0, "resumed_at_epochs": []}
-    if checkpoint is not None:
-        state["resumed_at_epochs"].append(state.get("epochs", 0))
-    state["starts"] += 1
+    state = _trial_state(state_path, resumed=checkpoint is not None)
     spec = sweep.trial_spec(config, learners, f"{sweep.name}-{context.get_trial_id()}")
     held: dict | None = None
 
@@ -95,7 +102,7 @@ def run_trial(config: dict, sweep_raw: dict) -> None:
         tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(str(out)))
 
     # one checkpoint file: Tune persists the folder at every report (and copies hard links as files)
-    job = TrainingJob(spec, out, report=report, resume=checkpoint is not None, use_ray=True, pool=pool,
+    job = TrainingJob(spec, out, report=report, resume=checkpoint is not None, runtime=RayRuntime(), pool=pool,
                       keep_checkpoints=1)
     summary = job.run()
     final = held or {**(job.evals[-1] if job.evals else {}), "learners": learners,

@@ -1,0 +1,191 @@
+"""One strategy per kind of group: what the driver does with a group of that kind. A strategy
+builds the members (`members`) in the group's order (`order`), says how the driver runs the
+learners (`lockstep`: in rounds; `swaps_running`: a change is swapped in while learners run
+instead of re-forming once they are between chunks), which learners start chunks together
+(`dispatch_units`), their shards' weights and how to adapt to measured speeds (`rebalance`), and
+who keeps a leaving learner's weights (`handover`). `strategy_for` picks one; nothing outside
+`groups/` asks a group's kind.
+
+Strategies see learners as the roster's slots (handles, nodes, speeds), never speech.
+"""
+
+from __future__ import annotations
+
+from orchestrator.groups.allreduce import AllreduceMember
+from orchestrator.groups.balance import batch_shares, ring_by_speed
+from orchestrator.groups.gossip import GossipMember, ring_partners
+from orchestrator.groups.hierarchical import HierarchicalMember
+
+REBALANCE_CHANGE = 0.1  # rebalance when a learner's share would move by more than this fraction
+# (gossip: when a passive learner is more than twice this fraction faster than an active one)
+
+
+class GroupStrategy:
+    """Args:
+    spec: the job spec (`group.balance`, `seed`).
+    runtime: where learners run (`orchestrator/runtime.py`).
+    """
+
+    name = "solo"
+    lockstep = True  # the driver runs every learner's chunks in rounds and decides when to stop
+    swaps_running = False  # members are swapped in while learners run (no re-forming)
+
+    def __init__(self, spec, runtime):
+        self.spec, self.runtime = spec, runtime
+        self.balance = spec.group.balance
+        self.node_groups: list[list[int]] = []  # hierarchical: learner ids per node, as last formed
+        self.planned: tuple[list[int] | None, list[float] | None] = (None, None)  # (ids, shard weights)
+
+    def order(self, roster) -> list[int]:
+        """The group's order of the live learners (ranks, ring positions)."""
+        return [s.id for s in roster.slots()]
+
+    def members(self, roster) -> list:
+        """One member per learner of `roster.order`."""
+        from orchestrator.groups import SoloMember
+
+        return [SoloMember() for _ in roster.order]
+
+    def dispatch_units(self, roster) -> list[list[int]]:
+        """Learners whose chunks the driver starts together."""
+        return [[s.id] for s in roster.slots()]
+
+    def shard_weights(self, roster) -> list[float] | None:
+        """Each member's weight in the epoch's split (None: equal)."""
+        return None
+
+    def rebalance(self, roster) -> str | None:
+        """Adapt to measured speeds; returns what changed (for the event) or None."""
+        return None
+
+    def handover(self, roster, slot) -> int | None:
+        """Before `slot` leaves cleanly: who takes its weights (None: nobody needs to)."""
+        return None
+
+    def shares(self, roster) -> dict[int, float]:
+        """Each learner's share of a step's batch, where the group has one."""
+        return {}
+
+    def _backend(self, handles) -> str:
+        devices = set(self.runtime.get([h.device.remote() for h in handles]))
+        return "nccl" if devices == {"cuda"} else "gloo"
+
+
+class GossipStrategy(GroupStrategy):
+    """AD-PSGD on a ring: the ring by measured speed (fastest at active positions)."""
+
+    name = "gossip"
+    lockstep = False
+    swaps_running = True
+
+    def order(self, roster) -> list[int]:
+        slots = roster.slots()
+        if not (self.balance and all(s.speed is not None for s in slots)):
+            return [s.id for s in slots]
+        return ring_by_speed({s.id: s.speed for s in slots})
+
+    def members(self, roster) -> list:
+        handles = [roster.live[i].handle for i in roster.order]
+        if len(handles) == 1:
+            return super().members(roster)
+        return [GossipMember(i, [handles[q] for q in ring_partners(i, len(handles))], self.spec.seed)
+                for i in range(len(handles))]
+
+    def rebalance(self, roster) -> str | None:
+        speeds = {i: roster.live[i].speed for i in roster.order}
+        if not self.balance or len(speeds) < 2 or any(v is None for v in speeds.values()):
+            return None
+        actives, passives = roster.order[0::2], roster.order[1::2]
+        # only when a passive learner is clearly faster than an active one (not measurement noise)
+        if max(speeds[i] for i in passives) <= (1 + REBALANCE_CHANGE * 2) * min(speeds[i] for i in actives):
+            return None
+        return "ring"
+
+    def handover(self, roster, slot) -> int | None:
+        """Its ring neighbour, with one last pairwise average, so its progress stays in the group."""
+        if len(roster.order) < 2 or slot.id not in roster.order:
+            return None
+        neighbour = roster.order[(roster.order.index(slot.id) + 1) % len(roster.order)]
+        try:
+            self.runtime.get(roster.live[neighbour].handle.average.remote(slot.handle.weights.remote()))
+            return neighbour
+        except Exception:  # noqa: BLE001 - the neighbour or the leaver died meanwhile: only the average is lost
+            return None
+
+
+class AllreduceStrategy(GroupStrategy):
+    """Synchronous SGD: rounds; with `group.balance`, shards and batches by measured speed."""
+
+    name = "allreduce"
+
+    def members(self, roster) -> list:
+        handles = [roster.live[i].handle for i in roster.order]
+        backend = self._backend(handles)
+        ip, port = self.runtime.get([handles[0].ip.remote(), handles[0].free_port.remote()])
+        return [AllreduceMember(i, len(handles), f"{ip}:{port}", backend) for i in range(len(handles))]
+
+    def shard_weights(self, roster) -> list[float] | None:
+        """By measured speed, once every member has one (`balance.batch_shares`)."""
+        if not (self.balance and len(roster.order) > 1):
+            return None
+        speeds = [roster.live[i].speed for i in roster.order]
+        if any(s is None for s in speeds):
+            return None
+        planned_ids, planned = self.planned
+        if planned is None or planned_ids != roster.order:  # planned afresh: by speed alone
+            return batch_shares(speeds)
+        return batch_shares(speeds, planned, [roster.live[i].step_compute_s or 0.0 for i in roster.order])
+
+    def rebalance(self, roster) -> str | None:
+        weights, old = self.shard_weights(roster), self.planned[1]
+        if weights is None or (old is not None and len(old) == len(weights) and all(
+                abs(a - b) <= REBALANCE_CHANGE * max(a, b) for a, b in zip(weights, old, strict=True))):
+            return None
+        return "shares"
+
+    def shares(self, roster) -> dict[int, float]:
+        ids, planned = self.planned
+        if not roster.order:
+            return {}
+        if planned and ids == roster.order:
+            return dict(zip(ids, planned, strict=True))
+        return {i: 1 / len(roster.order) for i in roster.order}
+
+
+class HierarchicalStrategy(GroupStrategy):
+    """H-ADPSGD: learners grouped by node; each node's first learner leads it on the leaders' ring."""
+
+    name = "hierarchical"
+    lockstep = False
+
+    def members(self, roster) -> list:
+        handles = [roster.live[i].handle for i in roster.order]
+        backend = self._backend(handles)
+        by_node: dict[str, list[int]] = {}
+        for i, learner_id in enumerate(roster.order):
+            by_node.setdefault(roster.live[learner_id].node, []).append(i)
+        nodes = list(by_node.values())
+        leaders = [idxs[0] for idxs in nodes]
+        members: list = [None] * len(handles)
+        for k, idxs in enumerate(nodes):
+            ip, port = self.runtime.get([handles[idxs[0]].ip.remote(), handles[idxs[0]].free_port.remote()])
+            ring = GossipMember(k, [handles[leaders[q]] for q in ring_partners(k, len(nodes))], self.spec.seed)
+            for j, i in enumerate(idxs):
+                members[i] = HierarchicalMember(j, len(idxs), f"{ip}:{port}", ring if j == 0 else None, backend)
+        self.node_groups = [[roster.order[i] for i in idxs] for idxs in nodes]
+        return members
+
+    def dispatch_units(self, roster) -> list[list[int]]:
+        """The learners of one node (they all-reduce every step), every other learner on its own."""
+        units = [[i for i in group if i in roster] for group in self.node_groups]
+        grouped = {i for unit in units for i in unit}
+        return [u for u in units if u] + [[s.id] for s in roster.slots() if s.id not in grouped]
+
+
+STRATEGIES = {s.name: s for s in (GossipStrategy, AllreduceStrategy, HierarchicalStrategy)}
+
+
+def strategy_for(spec, runtime) -> GroupStrategy:
+    """The spec's `group.kind` on Ray; in this process, a group of one."""
+    cls = STRATEGIES[spec.group.kind] if runtime.distributed else GroupStrategy
+    return cls(spec, runtime)

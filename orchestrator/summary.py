@@ -1,0 +1,41 @@
+"""The run's summary: what `summary.json` holds and the CLI prints last (strict JSON: null for a
+loss that diverged)."""
+
+from __future__ import annotations
+
+from orchestrator import strict_json
+
+
+def summarize(job, train_wall: float, wall: float, first_loss: float | None) -> dict:
+    """The summary of a finished `TrainingJob`: final scores (scored now), the last evaluation,
+    counts, timings, events, recoveries, nodes and accelerators, skipped inputs, the checkpoint."""
+    finals = job.evaluator.finals()
+    last = job.evals[-1] if job.evals else {}
+    samples = job.roster.samples()
+    events: dict[str, int] = {}
+    for event in job.events.recorded:
+        events[event["kind"]] = events.get(event["kind"], 0) + 1
+    return strict_json.finite({
+        "name": job.spec.name,
+        "job_id": job.job_id,
+        **finals,
+        "wer_dev": last.get("dev_wer"),
+        "first_train_loss": round(first_loss, 4) if first_loss is not None else None,
+        "final_train_loss": last.get("train_loss"),
+        "steps": job.roster.max_step(default=last.get("step", 0)),
+        "samples": samples,
+        "epochs": last.get("epoch", 0),
+        "wall_s": round(wall, 2),
+        "startup_s": round(job.first_step_at - job.started_at, 3) if job.first_step_at else None,
+        "train_wall_s": round(train_wall, 2),
+        "samples_per_s": round(samples / max(train_wall, 1e-9), 2),
+        "learners": len(job.roster),
+        "group": job.group.name,
+        "consensus_distance": last.get("consensus_distance"),
+        "events": events,
+        "recoveries": job.recoveries,
+        "nodes": job.elastic.nodes_used(),
+        "accelerators": job.group.by_accelerator(),
+        "skipped_utterances": job.workload.skip_counts() if job.evals else {},
+        "checkpoint": job.checkpoint_location(),
+    })

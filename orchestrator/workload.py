@@ -1,0 +1,117 @@
+"""The Workload protocol — all the orchestrator knows of what is trained — and the registry that
+names the implementations (`asr`: speech recognition, `jobs/workload.py`; `linear`: a linear
+classifier on random tensors, `jobs/linear.py`, for tests about orchestration and for trying a
+cluster without audio). The registry is the orchestrator's only way into `jobs/`: it imports an
+implementation by its dotted path when a job asks for it.
+
+A job spec names its workload (`workload: asr`, the default) and holds the workload's own
+sections (`Workload.Config`'s fields: for `asr`, `data`, `features`, `model`, `optim`) beside the
+orchestrator's (`budget`, `learners`, `group`, ...).
+
+Example:
+    >>> cls = workload_class("linear")
+    >>> w = cls(cls.Config(), seed=0)
+    >>> model = w.build_model(); opt = w.build_optimizer(model)
+    >>> batch = next(iter(w.batches(rank=0, world_size=1, epoch=0)))
+    >>> w.loss(model, batch).backward()
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+import torch
+from pydantic import BaseModel
+
+REGISTRY: dict[str, dict[str, str]] = {
+    "asr": {"workload": "jobs.workload:AsrWorkload", "synthesize": "jobs.synth:synthesize"},
+    "linear": {"workload": "jobs.linear:LinearWorkload"},
+}
+EVAL_SPLITS = ("dev", "test", "test_unseen")  # `evaluate`'s splits: dev while training, the others at the end
+
+
+class Batch(Protocol):
+    size: int  # samples in the batch (what shares and sample counts count)
+
+
+class ShardBatches(Protocol):
+    """One shard's batches of one epoch; `position` counts the planned batches handed out so far."""
+
+    position: int
+
+    def __iter__(self) -> Iterable[Batch]: ...
+
+
+class Workload(Protocol):
+    """What the orchestrator asks of a workload. `Config` is its pydantic section of the spec;
+    `input_error` the exception its data problems raise (the CLI reports it in one line);
+    `max_rollbacks` how often a job may roll back a non-finite loss before it gives up."""
+
+    Config: type[BaseModel]
+    input_error: type[Exception]
+    max_rollbacks: int
+
+    def __init__(self, config: BaseModel, seed: int = 0): ...
+
+    def check_data(self) -> None: ...
+
+    def build_model(self) -> torch.nn.Module: ...
+
+    def build_optimizer(self, model: torch.nn.Module) -> torch.optim.Optimizer: ...
+
+    def batches(self, rank: int, world_size: int, epoch: int, start: int = 0,
+                weights: list[float] | None = None) -> ShardBatches: ...
+
+    def loss(self, model: torch.nn.Module, batch: Batch) -> torch.Tensor: ...
+
+    def optimizer_step(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int,
+                       progress: float, lr_scale: float = 1.0) -> float: ...
+
+    def evaluate(self, model: torch.nn.Module, split: str) -> dict | None:
+        """{"wer": error rate in percent or None, "loss": ..., "utterances": samples scored} on
+        one of `EVAL_SPLITS`, or None when the spec has no such split."""
+
+    def state_dict(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> dict: ...
+
+    def load_state_dict(self, state: dict, model: torch.nn.Module,
+                        optimizer: torch.optim.Optimizer | None = None) -> None: ...
+
+    def new_skips(self) -> dict[str, str]:
+        """Training inputs skipped here since the last call (what -> reason)."""
+
+    def add_skips(self, skips: dict[str, str]) -> None: ...
+
+    def skip_counts(self) -> dict[str, int]: ...
+
+
+def _load(name: str, part: str) -> Any:
+    entry = REGISTRY.get(name)
+    if entry is None:
+        raise KeyError(f"unknown workload {name!r} (known: {', '.join(sorted(REGISTRY))})")
+    if part not in entry:
+        raise KeyError(f"workload {name!r} has no {part}")
+    module, _, attr = entry[part].partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def workload_class(name: str) -> type[Workload]:
+    """The registered workload class called `name`."""
+    return _load(name, "workload")
+
+
+def workload_part(name: str, part: str) -> Any:
+    """Another registered part of a workload (e.g. `asr`'s `synthesize` for `chorus synth`)."""
+    return _load(name, part)
+
+
+def build_workload(name: str, config: dict | BaseModel, seed: int) -> Workload:
+    """The workload `name` over its section of a spec (a dict, as sent to a learner, or its model)."""
+    cls = workload_class(name)
+    return cls(config if isinstance(config, BaseModel) else cls.Config.model_validate(config), seed=seed)
+
+
+def register(name: str, workload: str, **parts: str) -> None:
+    """Add a workload: `workload` is `module:Class`; it must be importable on every node."""
+    REGISTRY[name] = {"workload": workload, **parts}
