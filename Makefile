@@ -1,11 +1,12 @@
-# Quick start: `make demo` and `make test`. Both create .venv when it is missing and install into it.
+# Quick start: `make demo` and `make test` (`make test-fast`: the unit tier only). They create .venv when it is
+# missing and install into it.
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 DEMO_DATA := data/tiny
 
-.PHONY: install demo test test-deps lint bench clean
+.PHONY: install demo test test-fast test-deps lint bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -29,8 +30,13 @@ test-deps:
 	  ($$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq prometheus) \
 	    >/dev/null 2>&1 || echo "make: could not install Debian's prometheus; its test will be skipped"; }
 
+# every tier: unit, ray and slow (pyproject.toml says what each holds)
 test: $(STAMP) test-deps
 	$(BIN)/python -m pytest -q
+
+# the unit tier only, for the edit loop: no Ray cluster, no Ray head (about a minute here)
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m unit
 
 lint: $(STAMP)
 	$(BIN)/ruff check orchestrator jobs search tests bench

@@ -11,6 +11,8 @@ from jobs.features import Fbank
 from jobs.tokenizer import CharTokenizer
 from jobs.workload import Corpus
 
+pytestmark = pytest.mark.unit
+
 
 def test_both_formats_yield_the_same_utterances(corpus):
     for split in ("train", "test-unseen"):

@@ -23,12 +23,12 @@ import yaml
 
 from orchestrator.local_head import HeadNode
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 IDLE_TIMEOUT_S = 15.0  # the test clusters' idle timeout (cluster.yaml's is 10 minutes)
 HEARTBEAT_TIMEOUT_S = 5  # a worker node not heard from this long is terminated and replaced
 SMALL_MODEL = {"subsample_channels": 8, "d_model": 32, "hidden": 32, "layers": 1}
 
-pytestmark = pytest.mark.own_process
+pytestmark = [pytest.mark.own_process, pytest.mark.slow]
 
 
 def cluster_from_yaml(path: Path = ROOT / "cluster.yaml", max_per_type: int = 2) -> dict:

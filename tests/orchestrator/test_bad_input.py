@@ -8,8 +8,6 @@ import ast
 import json
 import math
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,10 +15,10 @@ import yaml
 from click.testing import CliRunner
 
 from jobs.workload import AsrWorkload, WorkloadConfig
-from orchestrator.config import parse_spec
 from orchestrator.job import TrainingJob
+from tests.conftest import make_spec, run_cli
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 TINY = ROOT / "jobs" / "configs" / "tiny.yaml"
 
 
@@ -50,13 +48,11 @@ def _subset(corpus: Path, tmp_path: Path, split: str, n: int, copy: bool = False
     return manifest
 
 
-def _job_spec(train: Path, learners: int = 1, group: dict | None = None, **data):
-    return parse_spec({"name": "bad-input", "data": {"train": str(train), "max_batch_seconds": 10, **data},
-                       "optim": {"warmup_steps": 1}, "budget": {"epochs": 1}, "learners": learners,
-                       "group": group or {}})
+BAD_INPUT = {"name": "bad-input", "optim": {"warmup_steps": 1}}  # for make_spec: lr and schedule at their defaults
 
 
 # -- no usable utterances: refused before anything is placed ---------------------------------------
+@pytest.mark.unit
 @pytest.mark.parametrize("learners", [1, 2])
 def test_train_without_usable_utterances_exits_1_before_ray_naming_manifest_and_reasons(tmp_path, learners):
     train = _missing(tmp_path, "train.jsonl")
@@ -64,8 +60,7 @@ def test_train_without_usable_utterances_exits_1_before_ray_naming_manifest_and_
     spec.write_text(yaml.safe_dump({"name": "empty", "data": {"train": str(train)}, "learners": learners,
                                     "budget": {"epochs": 1}}))
     out = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "train", str(spec), "--out", str(out)],
-                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    proc = run_cli("train", str(spec), "--out", str(out), timeout=300, cwd=ROOT)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == \
         f"Error: no usable training utterances in {train}: 5 skipped (missing audio file: 5)"
@@ -74,6 +69,7 @@ def test_train_without_usable_utterances_exits_1_before_ray_naming_manifest_and_
     assert not (out / "summary.json").exists()
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("split, empty_how, expected", [
     ("dev", "no lines", "no usable dev utterances in {path}: it lists none"),
     ("test", "files missing", "no usable test utterances in {path}: 3 skipped (missing audio file: 3)"),
@@ -86,13 +82,15 @@ def test_a_given_eval_set_without_usable_utterances_is_an_error_naming_it(corpus
         path.write_text("\n")
     else:
         path = _missing(tmp_path, f"{split}.jsonl", n=3)
-    spec = _job_spec(_subset(corpus, tmp_path, "train", 4), **{split: str(path)})
+    spec = make_spec(data__train=str(_subset(corpus, tmp_path, "train", 4)), **{f"data__{split}": str(path)},
+                     **BAD_INPUT)
     with pytest.raises(ValueError, match=f"^{re.escape(expected.format(path=path))}$") as err:
         TrainingJob(spec, tmp_path / "run").run()
     assert type(err.value).__name__ == "DataError"
     assert not (tmp_path / "run" / "summary.json").exists()
 
 
+@pytest.mark.unit
 def test_wer_over_zero_utterances_is_none_not_zero(corpus, tmp_path):
     dev = _subset(corpus, tmp_path, "dev", 2, copy=True)
     workload = AsrWorkload(WorkloadConfig(data={"train": dev}))
@@ -111,32 +109,35 @@ def _corrupt(manifest: Path, n: int) -> None:
         path.write_bytes(path.read_bytes()[:1000])
 
 
+@pytest.mark.unit
 def test_files_a_learner_cannot_read_are_counted_in_the_summary(corpus, tmp_path):
     train = _subset(corpus, tmp_path, "train", 8, copy=True)
     _corrupt(train, 2)
-    summary = TrainingJob(_job_spec(train), tmp_path / "run").run()
+    summary = TrainingJob(make_spec(data__train=str(train), **BAD_INPUT), tmp_path / "run").run()
     assert summary["skipped_utterances"] == {"unreadable audio file": 2}
     assert summary["samples"] == 6
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["skipped_utterances"] == \
         {"unreadable audio file": 2}
 
 
+@pytest.mark.unit
 def test_a_learner_that_can_read_none_of_its_shard_is_an_error(corpus, tmp_path):
     train = _subset(corpus, tmp_path, "train", 8, copy=True)
     _corrupt(train, 8)
     expected = (rf"^none of the 8 utterances of this learner's shard of {re.escape(str(train))} could be read on "
                 r"host \S+ \(8 skipped \(unreadable audio file: 8\)\)$")
     with pytest.raises(ValueError, match=expected):
-        TrainingJob(_job_spec(train), tmp_path / "run").run()
+        TrainingJob(make_spec(data__train=str(train), **BAD_INPUT), tmp_path / "run").run()
 
 
+@pytest.mark.ray
 @pytest.mark.parametrize("corrupt", [2, 8])
 def test_learners_on_ray_report_what_they_cannot_read(ray_session, corpus, tmp_path, corrupt):
     """Two gossip learners on the session's cluster: their skips reach the summary through their
     chunk stats; a learner that can read nothing fails the job with its own one-line message."""
     train = _subset(corpus, tmp_path, "train", 8, copy=True)
     _corrupt(train, corrupt)
-    spec = _job_spec(train, learners=2, group={"kind": "gossip"})
+    spec = make_spec(data__train=str(train), learners=2, group={"kind": "gossip"}, **BAD_INPUT)
     if corrupt == 2:
         summary = TrainingJob(spec, tmp_path / "run").run()
         assert summary["skipped_utterances"] == {"unreadable audio file": 2} and summary["samples"] == 6
@@ -148,6 +149,7 @@ def test_learners_on_ray_report_what_they_cannot_read(ray_session, corpus, tmp_p
                         r"\(4 skipped \(unreadable audio file: 4\)\)", str(err.value.cause))
 
 
+@pytest.mark.unit
 def test_a_learner_whose_node_sees_no_training_data_is_an_error(corpus, tmp_path):
     train = _subset(corpus, tmp_path, "train", 3, copy=True)
     workload = AsrWorkload(WorkloadConfig(data={"train": train}))
@@ -159,6 +161,7 @@ def test_a_learner_whose_node_sees_no_training_data_is_an_error(corpus, tmp_path
 
 
 # -- strict JSON ---------------------------------------------------------------------------------
+@pytest.mark.unit
 def test_strict_json_writes_null_for_non_finite_numbers(tmp_path):
     from orchestrator.events import EventLog
     from orchestrator.strict_json import dumps
@@ -175,6 +178,7 @@ def test_strict_json_writes_null_for_non_finite_numbers(tmp_path):
     assert json.loads((tmp_path / "events.jsonl").read_text())["free"] is None
 
 
+@pytest.mark.unit
 def test_every_json_write_of_chorus_is_strict():
     """Every json.dump(s) in orchestrator/, search/ and jobs/ refuses NaN and Infinity (the strict
     helper maps them to null first); a new writer that does not fails here."""
@@ -192,6 +196,7 @@ def test_every_json_write_of_chorus_is_strict():
 
 
 # -- a token file that is missing or empty ---------------------------------------------------------
+@pytest.mark.unit
 @pytest.mark.parametrize("content, what", [(None, "does not exist"), ("", "is empty"), (" \n", "is empty")])
 @pytest.mark.parametrize("command", [["submit", str(TINY)], ["jobs", "list"]])
 def test_a_missing_or_empty_token_file_is_one_line_before_connecting(tmp_path, content, what, command):

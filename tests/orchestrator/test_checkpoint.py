@@ -4,6 +4,7 @@ non-finite loss rolled back instead of checkpointed (TrainingJob)."""
 
 import json
 import logging
+import operator
 import os
 import subprocess
 import sys
@@ -13,8 +14,8 @@ import torch
 
 from orchestrator import checkpoint
 from orchestrator.checkpoint import CheckpointError
-from orchestrator.config import parse_spec
 from orchestrator.rundir import RunDir, RunDirError
+from tests.conftest import make_spec, run_cli
 
 
 def _state(value: float = 1.0) -> dict:
@@ -28,6 +29,7 @@ def _truncate(path, keep_bytes: int = 100) -> None:
 
 
 # -- the format -------------------------------------------------------------------------------------
+@pytest.mark.unit
 def test_save_is_atomic_keeps_the_newest_two_and_checkpoint_pt_is_the_newest(tmp_path):
     for step in (8, 16, 24):
         path = checkpoint.save(tmp_path, _state(step), step)
@@ -42,6 +44,7 @@ def test_save_is_atomic_keeps_the_newest_two_and_checkpoint_pt_is_the_newest(tmp
                                                                 "checkpoint-24.pt"]
 
 
+@pytest.mark.unit
 def test_a_failed_write_keeps_the_previous_checkpoints_and_no_temp_file(tmp_path, monkeypatch):
     checkpoint.save(tmp_path, _state(1), 8)
 
@@ -56,6 +59,7 @@ def test_a_failed_write_keeps_the_previous_checkpoints_and_no_temp_file(tmp_path
     assert checkpoint.load_latest(tmp_path).path.name == "checkpoint-8.pt"
 
 
+@pytest.mark.unit
 def test_a_truncated_newest_falls_back_to_the_previous_with_one_line(tmp_path, caplog):
     for step in (8, 16):
         checkpoint.save(tmp_path, _state(step), step)
@@ -72,6 +76,7 @@ def test_a_truncated_newest_falls_back_to_the_previous_with_one_line(tmp_path, c
     assert os.path.samefile(tmp_path / "checkpoint.pt", tmp_path / "checkpoint-8.pt")
 
 
+@pytest.mark.unit
 def test_when_no_checkpoint_is_usable_the_error_is_one_line(tmp_path):
     for step in (8, 16):
         checkpoint.save(tmp_path, _state(step), step)
@@ -87,14 +92,17 @@ def test_when_no_checkpoint_is_usable_the_error_is_one_line(tmp_path):
 
 
 class _Payload:
+    # a callable no library replaces (Ray swaps builtins.print for its own once it has been used,
+    # so a payload of `print` would be named differently depending on which tests ran first)
     def __reduce__(self):
-        return (print, ("this ran while loading",))
+        return (operator.truth, ("this ran while loading",))
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("bad, reason", [
     ({**_state(), "model": {"w": torch.tensor([float("nan")])}}, "its model has non-finite weights"),
     ({k: v for k, v in _state().items() if k != "planner"}, "no planner"),
-    ({**_state(), "payload": _Payload()}, "refused: it holds print, not only tensors and plain data"),
+    ({**_state(), "payload": _Payload()}, "refused: it holds _operator.truth, not only tensors and plain data"),
 ])
 def test_what_is_loaded_is_verified(tmp_path, bad, reason):
     torch.save({"version": checkpoint.FORMAT_VERSION, **bad}, tmp_path / "checkpoint-8.pt")
@@ -106,6 +114,7 @@ def test_what_is_loaded_is_verified(tmp_path, bad, reason):
 
 
 # -- the run folder ---------------------------------------------------------------------------------
+@pytest.mark.unit
 def test_a_folder_holding_a_run_is_refused_and_overwrite_clears_only_the_runs_files(tmp_path):
     for name in ("checkpoint-8.pt", "evals.jsonl", "summary.json", "notes.txt"):
         (tmp_path / name).write_text("x")
@@ -118,6 +127,7 @@ def test_a_folder_holding_a_run_is_refused_and_overwrite_clears_only_the_runs_fi
     run_dir.release()
 
 
+@pytest.mark.unit
 def test_the_lock_keeps_a_second_live_run_out_naming_the_holder(tmp_path):
     holder = RunDir(tmp_path)
     holder.claim()
@@ -134,23 +144,13 @@ def test_the_lock_keeps_a_second_live_run_out_naming_the_holder(tmp_path):
 
 
 # -- jobs ---------------------------------------------------------------------------------------------
-def _raw(corpus, **overrides) -> dict:
-    raw = {"name": "t",
-           "data": {"train": str(corpus / "train.jsonl"), "dev": str(corpus / "dev.jsonl"), "max_batch_seconds": 10},
-           "optim": {"lr": 3e-3, "warmup_steps": 10, "schedule": "constant"},
-           "budget": {"epochs": 1}}
-    for key, value in overrides.items():
-        section, _, name = key.partition("__")
-        raw.setdefault(section, {})[name] = value
-    return raw
-
-
 def _steps_per_epoch(spec) -> int:
     from jobs.workload import AsrWorkload
 
-    return len(AsrWorkload(spec, seed=spec.seed).batches(0, 1, 0))
+    return len(AsrWorkload(spec.workload_config, seed=spec.seed).batches(0, 1, 0))
 
 
+@pytest.mark.unit
 def test_a_second_live_run_into_the_same_folder_is_refused(corpus, tmp_path):
     from orchestrator.job import TrainingJob
 
@@ -158,17 +158,18 @@ def test_a_second_live_run_into_the_same_folder_is_refused(corpus, tmp_path):
     holder.claim()
     try:
         with pytest.raises(RunDirError, match=rf"{tmp_path} is in use by another run \(pid {os.getpid()} on "):
-            TrainingJob(parse_spec(_raw(corpus)), tmp_path).run()
+            TrainingJob(make_spec(corpus, "train", "dev"), tmp_path).run()
     finally:
         holder.release()
     assert RunDir(tmp_path).contents() == []  # the refused run wrote nothing
 
 
+@pytest.mark.slow
 def test_a_job_checkpoint_loads_with_weights_only_and_resume_falls_back_past_a_truncated_one(corpus, tmp_path,
                                                                                            caplog):
     from orchestrator.job import TrainingJob
 
-    TrainingJob(parse_spec(_raw(corpus, budget__epochs=2)), tmp_path).run()
+    TrainingJob(make_spec(corpus, "train", "dev", budget__epochs=2), tmp_path).run()
     newest, previous = checkpoint.numbered(tmp_path)
     state = torch.load(tmp_path / "checkpoint.pt", map_location="cpu", weights_only=True)
     assert set(checkpoint.KEYS) <= set(state) and state["job"]["evals"][-1]["epoch"] == 2
@@ -177,7 +178,8 @@ def test_a_job_checkpoint_loads_with_weights_only_and_resume_falls_back_past_a_t
     epoch_2 = (tmp_path / "evals.jsonl").read_text().splitlines()[1]  # its checkpoint is the truncated one
     records = []
     with caplog.at_level(logging.WARNING, logger="chorus.checkpoint"):
-        TrainingJob(parse_spec(_raw(corpus, budget__epochs=3)), tmp_path, report=records.append, resume=True).run()
+        TrainingJob(make_spec(corpus, "train", "dev", budget__epochs=3), tmp_path, report=records.append,
+                    resume=True).run()
     assert any(r.getMessage().startswith(f"{newest}: truncated or corrupt") for r in caplog.records)
     assert [r["epoch"] for r in records] == [2, 3]  # went on from epoch 1's checkpoint
     evals = [json.loads(line) for line in (tmp_path / "evals.jsonl").read_text().splitlines()]
@@ -187,12 +189,13 @@ def test_a_job_checkpoint_loads_with_weights_only_and_resume_falls_back_past_a_t
     assert checkpoint.load_latest(tmp_path).state["job"]["evals"][-1]["epoch"] == 3
 
 
+@pytest.mark.slow
 def test_a_nan_loss_rolls_back_to_the_last_checkpoint_at_half_the_learning_rate(corpus, tmp_path):
     from orchestrator.job import TrainingJob
 
-    spec = parse_spec(_raw(corpus, budget__epochs=2))
+    spec = make_spec(corpus, "train", "dev", budget__epochs=2)
     nan_at = _steps_per_epoch(spec) + 17  # in epoch 2, after epoch 1's checkpoint (chunks are 8 steps)
-    spec = parse_spec(_raw(corpus, budget__epochs=2, simulate__nan_loss_at_step=nan_at))
+    spec = make_spec(corpus, "train", "dev", budget__epochs=2, simulate__nan_loss_at_step=nan_at)
     summary = TrainingJob(spec, tmp_path).run()
     events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
     [rollback] = [e for e in events if e["kind"] == "rollback"]
@@ -208,38 +211,35 @@ def test_a_nan_loss_rolls_back_to_the_last_checkpoint_at_half_the_learning_rate(
 
 
 # -- the command line ---------------------------------------------------------------------------------
-def _chorus(*args):
-    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], capture_output=True, text=True)
-
-
 def _error_line(proc) -> str:
     assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
     lines = proc.stderr.strip().splitlines()
     return lines[-1]
 
 
+@pytest.mark.slow
 def test_cli_refuses_a_non_empty_out_unless_resume_or_overwrite(corpus, tmp_path):
     spec = tmp_path / "job.yaml"
-    spec.write_text(json.dumps(_raw(corpus)))  # JSON is YAML
+    spec.write_text(json.dumps(make_spec(corpus, "train", "dev", raw=True)))  # JSON is YAML
     out = tmp_path / "run"
-    assert _chorus("train", str(spec), "--out", str(out)).returncode == 0
+    assert run_cli("train", str(spec), "--out", str(out)).returncode == 0
     curve = (out / "evals.jsonl").read_text()
-    proc = _chorus("train", str(spec), "--out", str(out))
+    proc = run_cli("train", str(spec), "--out", str(out))
     assert _error_line(proc) == (f"Error: {out} already holds a run (checkpoint-{_last_step(out)}.pt, checkpoint.pt, "
                                  "evals.jsonl, events.jsonl...): pass --resume to continue it or --overwrite to "
                                  "replace it")
     assert (out / "evals.jsonl").read_text() == curve  # nothing of the first run was touched
-    proc = _chorus("train", str(spec), "--out", str(out), "--resume", "--set", "budget.epochs=2")
+    proc = run_cli("train", str(spec), "--out", str(out), "--resume", "--set", "budget.epochs=2")
     assert proc.returncode == 0, proc.stderr
     assert [json.loads(line)["epoch"] for line in (out / "evals.jsonl").read_text().splitlines()] == [1, 2]
-    proc = _chorus("train", str(spec), "--out", str(out), "--overwrite")
+    proc = run_cli("train", str(spec), "--out", str(out), "--overwrite")
     assert proc.returncode == 0, proc.stderr
     assert [json.loads(line)["epoch"] for line in (out / "evals.jsonl").read_text().splitlines()] == [1]
     assert len(checkpoint.numbered(out)) == 1  # the replaced run's checkpoints went with it
     # `chorus eval` of the stable name falls back past a truncated newest checkpoint, saying so
     checkpoint.save(out, {**checkpoint.load_file(out / "checkpoint.pt")}, 10_000)
     _truncate(out / "checkpoint-10000.pt")
-    proc = _chorus("eval", str(out / "checkpoint.pt"), str(corpus / "dev.jsonl"))
+    proc = run_cli("eval", str(out / "checkpoint.pt"), str(corpus / "dev.jsonl"))
     assert proc.returncode == 0, proc.stderr
     assert f"{out / 'checkpoint-10000.pt'}: truncated or corrupt (" in proc.stderr
     assert json.loads(proc.stdout.strip().splitlines()[-1])["utterances"] == 20
@@ -249,10 +249,12 @@ def _last_step(out) -> int:
     return int(checkpoint.numbered(out)[0].stem.partition("-")[2])
 
 
+@pytest.mark.unit
 def test_cli_stops_with_one_line_when_the_loss_stays_non_finite(corpus, tmp_path):
     spec = tmp_path / "job.yaml"
-    spec.write_text(json.dumps(_raw(corpus, optim__max_rollbacks=0, simulate__nan_loss_at_step=3)))
-    proc = _chorus("train", str(spec), "--out", str(tmp_path / "run"))
+    spec.write_text(json.dumps(make_spec(corpus, "train", "dev", raw=True, optim__max_rollbacks=0,
+                                         simulate__nan_loss_at_step=3)))
+    proc = run_cli("train", str(spec), "--out", str(tmp_path / "run"))
     line = _error_line(proc)
     assert line.startswith("Error: the training loss became non-finite at step 3") and "optim.max_rollbacks" in line
     assert not checkpoint.numbered(tmp_path / "run")  # nothing non-finite was checkpointed

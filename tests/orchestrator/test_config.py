@@ -5,16 +5,19 @@ import pytest
 import yaml
 
 from orchestrator.config import JobSpec, SpecError, load_spec
+from orchestrator.workload import workload_class
 
-TINY = Path(__file__).parents[1] / "jobs" / "configs" / "tiny.yaml"
+pytestmark = pytest.mark.unit
+
+TINY = Path(__file__).parents[2] / "jobs" / "configs" / "tiny.yaml"
 
 
 @pytest.fixture
-def spec_file(corpus, tmp_path):
-    """tiny.yaml pointed at the session corpus."""
+def spec_file(stub_corpus, tmp_path):
+    """tiny.yaml pointed at a corpus's manifests and folders (no audio: nothing is trained)."""
     raw = yaml.safe_load(TINY.read_text())
-    raw["data"] = {"train": str(corpus / "train.jsonl"), "dev": str(corpus / "dev"),
-                   "test": str(corpus / "test.jsonl"), "test_unseen": str(corpus / "test-unseen.jsonl")}
+    raw["data"] = {"train": str(stub_corpus / "train.jsonl"), "dev": str(stub_corpus / "dev"),
+                   "test": str(stub_corpus / "test.jsonl"), "test_unseen": str(stub_corpus / "test-unseen.jsonl")}
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(raw))
     return path
@@ -104,7 +107,8 @@ def _float_keys(model, prefix: str = "") -> list[str]:
     return keys
 
 
-FLOAT_KEYS = _float_keys(JobSpec)
+# the spec's own sections and, at the top level beside them, those of its (default) workload
+FLOAT_KEYS = _float_keys(JobSpec) + _float_keys(workload_class("asr").Config)
 
 
 def test_float_keys_found():

@@ -1,14 +1,18 @@
 """The Grafana dashboard against the metrics in code, without a cluster: every series a panel
 reads is one Chorus exports, every metric is on some panel, and the dashboard follows Ray's
 conventions (a Prometheus datasource variable, a SessionName filter, a job filter) in every query.
-(That every query returns data from a real Prometheus is tests/test_cluster.py's.)"""
+(That every query returns data from a real Prometheus is tests/orchestrator/test_cluster.py's.)"""
 
 from __future__ import annotations
 
 import json
 
+import pytest
+
 from orchestrator.dashboards import DASHBOARD, metric_names, panel_queries
 from orchestrator.metrics import METRICS, prometheus_names
+
+pytestmark = pytest.mark.unit
 
 
 def test_panels_read_only_metrics_that_chorus_exports_and_show_every_metric():

@@ -2,6 +2,7 @@
 join and wait for capacity on real local Ray clusters."""
 
 import numpy as np
+import pytest
 
 from jobs.data import shard_batches
 from orchestrator.shards import ShardPlanner
@@ -18,6 +19,7 @@ def _covered(planner: ShardPlanner, durations, epoch: int, learners: list[int]) 
     return sorted(seen)
 
 
+@pytest.mark.unit
 def test_planner_fixes_each_epochs_split_when_first_asked():
     durations = np.random.default_rng(3).uniform(0.5, 6.0, size=150)
     planner = ShardPlanner([0, 1])
@@ -48,11 +50,13 @@ import threading  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-import pytest  # noqa: E402
-
 from orchestrator.config import parse_spec  # noqa: E402
 from orchestrator.job import TrainingJob  # noqa: E402
-from orchestrator.placement import fetch  # noqa: E402
+from orchestrator.runtime import fetch  # noqa: E402
+from tests.conftest import assert_nothing_left, leftovers_of, linear_spec, run_cli  # noqa: E402
+
+# the tiny linear workload (tests/conftest.py `linear_spec`): these tests are about orchestration
+LINEAR = {k: v for k, v in linear_spec(raw=True).items() if k in ("workload", "data", "optim")}
 
 
 @pytest.fixture
@@ -94,19 +98,17 @@ def _start(job: TrainingJob) -> threading.Thread:
     return thread
 
 
+@pytest.mark.slow
 @pytest.mark.own_process
 @pytest.mark.parametrize("kind", ["gossip", "allreduce", "hierarchical"])
-def test_chaos_kill_a_learner_lose_a_node_gain_a_node(chaos_cluster, corpus, tmp_path, kind):
+def test_chaos_kill_a_learner_lose_a_node_gain_a_node(chaos_cluster, tmp_path, kind):
     import ray
-    from ray.util import placement_group_table
 
     cluster, node_a, node_b = chaos_cluster
     spec = parse_spec({
         "name": f"chaos-{kind}", "learners": {"min": 2, "max": 3, "wait_timeout_s": 120},
         "learner_resources": {"learner_slot": 1}, "group": {"kind": kind},
-        "data": {"train": str(corpus / "train.jsonl"), "dev": str(corpus / "dev.jsonl"), "max_batch_seconds": 10},
-        "optim": {"lr": 3e-3, "warmup_steps": 10, "schedule": "constant"},
-        "budget": {"epochs": 10_000, "wall_seconds": 400}})
+        **LINEAR, "budget": {"epochs": 10_000, "wall_seconds": 400}})
     job = TrainingJob(spec, tmp_path)
     thread = _start(job)
     outcome = thread.outcome
@@ -117,7 +119,7 @@ def test_chaos_kill_a_learner_lose_a_node_gain_a_node(chaos_cluster, corpus, tmp
     _wait_for("3 learners and a first evaluation", lambda: len(events("join")) == 3 and job.evals, thread)
 
     # 1. kill one learner on node A: it is dropped, its slot is placed again, a new learner joins
-    on_a = [s for s in job.membership.live.values() if s.node == node_a.node_id]
+    on_a = [s for s in job.roster.live.values() if s.node == node_a.node_id]
     victim = on_a[0].id
     ray.kill(on_a[0].handle)
     _wait_for("the killed learner's failure", lambda: events("failure", learner=victim), thread)
@@ -126,20 +128,20 @@ def test_chaos_kill_a_learner_lose_a_node_gain_a_node(chaos_cluster, corpus, tmp
     _wait_for("the group stepping with the replacement", lambda: stepping("join", replacement), thread)
 
     # 2. remove node B with its learner: dropped, the job goes on with the two on A (= min)
-    on_b = [s.id for s in job.membership.live.values() if s.node == node_b.node_id]
+    on_b = [s.id for s in job.roster.live.values() if s.node == node_b.node_id]
     assert len(on_b) == 1
     cluster.remove_node(node_b, allow_graceful=False)
     _wait_for("node B's learner failing", lambda: events("failure", learner=on_b[0]), thread)
     _wait_for("the group stepping without it", lambda: stepping("failure", on_b[0]), thread)
-    assert len(job.membership.live) == 2
+    assert len(job.roster.live) == 2
 
     # 3. add node C: the slot that was waiting for capacity is placed there and its learner joins
     node_c = cluster.add_node(num_cpus=1, resources={"learner_slot": 1})
     newcomer = _wait_for("a learner joining on node C", lambda: events("join", node=node_c.node_id),
                          thread)[0]["learner"]
     _wait_for("the group stepping with it", lambda: stepping("join", newcomer), thread)
-    steps_then = max(s.stats["step"] for s in job.membership.live.values())
-    _wait_for("a few more steps", lambda: max(s.stats.get("step", 0) for s in job.membership.live.values())
+    steps_then = max(s.stats["step"] for s in job.roster.live.values())
+    _wait_for("a few more steps", lambda: max(s.stats.get("step", 0) for s in job.roster.live.values())
               >= steps_then + 8, thread)
     job.stop()
     thread.join(timeout=180)
@@ -163,16 +165,14 @@ def test_chaos_kill_a_learner_lose_a_node_gain_a_node(chaos_cluster, corpus, tmp
     changes = [(e["kind"], e["learner"]) for e in logged[first_kill:] if e["kind"] in ("join", "failure")]
     assert sorted((r["cause"], r["learner"]) for r in summary["recoveries"]) == sorted(changes), summary["recoveries"]
     job_id = summary["job_id"]
-    assert not [a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith(f"{job_id}/")]
-    groups = [g for g in placement_group_table().values() if g["name"].startswith(f"{job_id}/")]
-    assert len(groups) == 5 and all(g["state"] == "REMOVED" for g in groups), groups
+    assert_nothing_left(f"{job_id}/", placement_groups=5)
 
 
-def test_train_waits_for_min_learners_then_gives_up_cleanly(ray_cluster, corpus, tmp_path):
+@pytest.mark.ray
+def test_train_waits_for_min_learners_then_gives_up_cleanly(ray_cluster, tmp_path):
     """The learners' capacity exists but another holder has it: `chorus train` says what it waits
     for, exits non-zero after learners.wait_timeout_s and leaves nothing on the cluster."""
     import ray
-    from ray.util import placement_group_table
     from ray.util.placement_group import placement_group, remove_placement_group
 
     holder = placement_group([{"learner_slot": 2}], name="someone-else")  # both of the cluster's slots
@@ -182,9 +182,10 @@ def test_train_waits_for_min_learners_then_gives_up_cleanly(ray_cluster, corpus,
         spec.write_text(json.dumps({
             "name": "waits", "learners": {"min": 2, "max": 3, "wait_timeout_s": 4},
             "learner_resources": {"learner_slot": 1}, "group": {"kind": "gossip"},
-            "data": {"train": str(corpus / "train.jsonl"), "max_batch_seconds": 10}, "budget": {"epochs": 1}}))
+            **LINEAR, "budget": {"epochs": 1}}))
         started = time.time()
-        proc = _chorus_train(spec, tmp_path / "run", ray_cluster.address)
+        proc = run_cli("train", str(spec), "--out", str(tmp_path / "run"), "--address", ray_cluster.address,
+                       timeout=120)
     finally:
         remove_placement_group(holder)
     assert proc.returncode == 3, proc.stderr
@@ -196,11 +197,10 @@ def test_train_waits_for_min_learners_then_gives_up_cleanly(ray_cluster, corpus,
     assert time.time() - started < 60
     waiting = [json.loads(line) for line in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
     assert [e["kind"] for e in waiting] == ["waiting"] and waiting[0]["min"] == 2
-    assert not [a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith("waits-")]
-    groups = [g for g in placement_group_table().values() if g["name"].startswith("waits-")]
-    assert len(groups) == 3 and all(g["state"] == "REMOVED" for g in groups), groups
+    assert_nothing_left("waits-", placement_groups=3)
 
 
+@pytest.mark.ray
 @pytest.mark.parametrize("ask, advice", [
     ({"learners": 5, "cpus_per_learner": 1},
      "learners.min is 5 learners of {CPU: 1}, but this cluster has no autoscaler and holds at most 4 (2 nodes: "
@@ -211,38 +211,28 @@ def test_train_waits_for_min_learners_then_gives_up_cleanly(ray_cluster, corpus,
      "learners.min is 2 learners of {CPU: 1, GPU: 1}, but this cluster has no autoscaler and holds at most 0 "
      "(2 nodes: 4 CPUs, 0 GPUs in all); lower learners.min (or learners), or set accelerator: cpu"),
 ])
-def test_a_minimum_no_node_can_ever_hold_fails_at_once_with_advice(ray_cluster, corpus, tmp_path, ask, advice):
+def test_a_minimum_no_node_can_ever_hold_fails_at_once_with_advice(ray_cluster, tmp_path, ask, advice):
     """On a cluster without an autoscaler, learners that can never all be placed are refused
     at once (not after learners.wait_timeout_s), saying what the cluster has and what to change."""
-    import ray
-    from ray.util import placement_group_table
-
     spec = tmp_path / "never.yaml"
     spec.write_text(json.dumps({
         "name": "never", "learners": ask["learners"], "group": {"kind": "gossip"},
         **{k: v for k, v in ask.items() if k != "learners"},
-        "data": {"train": str(corpus / "train.jsonl"), "max_batch_seconds": 10}, "budget": {"epochs": 1}}))
+        **LINEAR, "budget": {"epochs": 1}}))
     started = time.time()
-    proc = _chorus_train(spec, tmp_path / "run", ray_cluster.address)  # learners.wait_timeout_s: 600 s
+    proc = run_cli("train", str(spec), "--out", str(tmp_path / "run"), "--address", ray_cluster.address,
+                   timeout=120)  # learners.wait_timeout_s: 600 s
     assert proc.returncode == 3, proc.stderr
     said = [line for line in proc.stderr.splitlines() if line.startswith("chorus:")]
     assert len(said) == 1 and advice in said[0], proc.stderr
     assert "Traceback" not in proc.stderr
     assert time.time() - started < 60  # not learners.wait_timeout_s (600 s)
-    assert not [g for g in placement_group_table().values() if g["name"].startswith("never-")]
-    assert not [a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith("never-")]
+    assert_nothing_left("never-", placement_groups=0)
 
 
-def _chorus_train(spec: Path, out: Path, address: str):
-    import subprocess
-    import sys
-
-    return subprocess.run([sys.executable, "-m", "orchestrator.cli", "train", str(spec), "--out", str(out),
-                           "--address", address], capture_output=True, text=True, timeout=120)
-
-
+@pytest.mark.unit
 def test_balance_helpers():
-    from orchestrator.placement import batch_shares, ring_by_speed
+    from orchestrator.groups.balance import batch_shares, ring_by_speed
 
     assert batch_shares([30.0, 10.0]) == [0.75, 0.25]
     with pytest.raises(ValueError, match="positive"):
@@ -264,8 +254,9 @@ def test_balance_helpers():
     assert ring[0::2] == [9, 3, 4] and ring[1::2] == [1, 7]
 
 
+@pytest.mark.ray
 def test_node_inventory_lists_custom_resources(ray_cluster):
-    from orchestrator.placement import node_inventory
+    from orchestrator.cluster import node_inventory
 
     nodes = {n["node_id"]: n for n in node_inventory()}
     worker = nodes[ray_cluster.session_worker.node_id]
@@ -274,14 +265,12 @@ def test_node_inventory_lists_custom_resources(ray_cluster):
 
 
 
-def _running_job(corpus, tmp_path, name: str, kind: str, learners: dict):
+def _running_job(tmp_path, name: str, kind: str, learners: dict):
     """A job of `kind` with `learners` on the session cluster, started in a thread; returns (job,
     thread, events(kind) -> its events of that kind so far)."""
     spec = parse_spec({
         "name": name, "learners": learners, "group": {"kind": kind},
-        "data": {"train": str(corpus / "train.jsonl"), "dev": str(corpus / "dev.jsonl"), "max_batch_seconds": 10},
-        "optim": {"lr": 3e-3, "warmup_steps": 10, "schedule": "constant"},
-        "budget": {"epochs": 10_000, "wall_seconds": 300}})
+        **LINEAR, "budget": {"epochs": 10_000, "wall_seconds": 300}})
     job = TrainingJob(spec, tmp_path)
     return job, _start(job), lambda kind: [e for e in (job.events.recorded if job.events else []) if e["kind"] == kind]
 
@@ -295,14 +284,15 @@ def _stop(job, thread) -> dict:
     return thread.outcome["summary"]
 
 
+@pytest.mark.ray
 @pytest.mark.parametrize("kind", ["gossip", "allreduce"])
-def test_a_stuck_learner_is_killed_dropped_and_replaced(ray_session, corpus, tmp_path, kind):
+def test_a_stuck_learner_is_killed_dropped_and_replaced(ray_session, tmp_path, kind):
     """A learner that hangs inside a step (alive, answering pings) is declared stuck after
     learners.stuck_after_s, killed and dropped; its slot is placed again and the job goes on."""
-    job, thread, events = _running_job(corpus, tmp_path, f"stuck-{kind}", kind,
+    job, thread, events = _running_job(tmp_path, f"stuck-{kind}", kind,
                                        {"min": 2, "max": 2, "stuck_after_s": 6, "stuck_step_multiple": 5})
     _wait_for("2 learners and a first evaluation", lambda: len(events("join")) == 2 and job.evals, thread)
-    victim = job.membership.live[0]
+    victim = job.roster.live[0]
     stalled_at = time.time()
     victim.handle.simulate_stall.remote(3600)
     failure = _wait_for("the stuck learner's failure", lambda: [e for e in events("failure") if e["learner"] == 0],
@@ -315,18 +305,19 @@ def test_a_stuck_learner_is_killed_dropped_and_replaced(ray_session, corpus, tmp
     assert _stop(job, thread)["learners"] == 2
 
 
-def test_rank_0_dying_while_the_group_re_forms_drops_only_it(ray_session, corpus, tmp_path):
+@pytest.mark.slow
+def test_rank_0_dying_while_the_group_re_forms_drops_only_it(ray_session, tmp_path):
     """allreduce, 3 learners: one is killed; while the group re-forms, rank 0 dies as it joins (the
     other member waits for it at the rendezvous). Only those two are dropped: the third stays in
     the job throughout, new learners take the free slots, and the job ends cleanly."""
-    job, thread, events = _running_job(corpus, tmp_path, "reform", "allreduce",
+    job, thread, events = _running_job(tmp_path, "reform", "allreduce",
                                        {"min": 2, "max": 3, "wait_timeout_s": 120})
     _wait_for("3 learners and a first evaluation", lambda: len(events("join")) == 3 and job.evals, thread)
-    rank0, healthy, victim = job.membership.order
-    fetch(job.membership.live[rank0].handle.simulate_exit_in_join.remote())
+    rank0, healthy, victim = job.roster.order
+    fetch(job.roster.live[rank0].handle.simulate_exit_in_join.remote())
     import ray
 
-    ray.kill(job.membership.live[victim].handle)
+    ray.kill(job.roster.live[victim].handle)
     _wait_for("both failures", lambda: {e["learner"] for e in events("failure")} >= {rank0, victim}, thread, 90)
     _wait_for("two newcomers stepping", lambda: len([r for r in job.recoveries if r["cause"] == "join"
                                                      and r["stepping_at"]]) == 2, thread)
@@ -336,25 +327,9 @@ def test_rank_0_dying_while_the_group_re_forms_drops_only_it(ray_session, corpus
     assert summary["learners"] == 3
 
 
-def _job_leftovers(prefix: str) -> dict:
-    """Actors and placement groups named after jobs starting with `prefix` that still hold
-    anything, and the autoscaler resource request on the cluster (Ray's v1 key), if any."""
-    import ray
-    from ray.autoscaler._private.constants import AUTOSCALER_RESOURCE_REQUEST_CHANNEL
-    from ray.experimental.internal_kv import _internal_kv_get
-    from ray.util import placement_group_table
-
-    request = _internal_kv_get(AUTOSCALER_RESOURCE_REQUEST_CHANNEL)
-    left = {"actors": [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-                       if a["name"].startswith(prefix)],
-            "placement groups": [g["name"] for g in placement_group_table().values()
-                                 if g["name"].startswith(prefix) and g["state"] != "REMOVED"],
-            "resource request": json.loads(request) if request else []}
-    return {k: v for k, v in left.items() if v}
-
-
+@pytest.mark.ray
 @pytest.mark.parametrize("how", ["SIGINT", "SIGTERM", "SIGKILL"])
-def test_no_exit_path_of_chorus_train_leaves_anything_on_the_cluster(ray_cluster, corpus, tmp_path, how):
+def test_no_exit_path_of_chorus_train_leaves_anything_on_the_cluster(ray_cluster, tmp_path, how):
     """`chorus train` on the session cluster, ended by Ctrl-C, SIGTERM (what `chorus jobs stop` and
     `ray job stop` send) or SIGKILL once it has evaluated: no actor, placement group or
     autoscaler request of the job is left (Ray removes a dead driver's; a signalled one releases
@@ -367,8 +342,7 @@ def test_no_exit_path_of_chorus_train_leaves_anything_on_the_cluster(ray_cluster
     spec = tmp_path / "job.yaml"
     spec.write_text(json.dumps({
         "name": name, "learners": 2, "group": {"kind": "gossip"},
-        "data": {"train": str(corpus / "train.jsonl"), "dev": str(corpus / "dev.jsonl"), "max_batch_seconds": 10},
-        "budget": {"epochs": 10_000, "wall_seconds": 300}}))
+        **LINEAR, "budget": {"epochs": 10_000, "wall_seconds": 300}}))
     command = [sys.executable, "-m", "orchestrator.cli", "train", str(spec), "--out", str(tmp_path / "run"),
                "--address", ray_cluster.address]
     with open(tmp_path / "stderr", "w") as err:
@@ -377,7 +351,7 @@ def test_no_exit_path_of_chorus_train_leaves_anything_on_the_cluster(ray_cluster
             for line in proc.stdout:  # the first evaluation line: learners placed, a checkpoint written
                 if line.startswith("epoch "):
                     break
-            assert _job_leftovers(f"{name}-").get("actors"), "the job's learners were not found"
+            assert leftovers_of(f"{name}-").get("actors"), "the job's learners were not found"
             proc.send_signal(getattr(signal, how))
             proc.communicate(timeout=60)
         finally:
@@ -388,19 +362,13 @@ def test_no_exit_path_of_chorus_train_leaves_anything_on_the_cluster(ray_cluster
     else:
         assert proc.returncode == 128 + getattr(signal, how), stderr
         assert "learners released; the last checkpoint is" in stderr and "Traceback" not in stderr, stderr
-    deadline = time.time() + 30
-    while _job_leftovers(f"{name}-") and time.time() < deadline:
-        time.sleep(0.5)
-    assert not _job_leftovers(f"{name}-")
+    assert_nothing_left(f"{name}-", within=30)
 
 
-def _chaos_job(tmp_path, corpus, name: str, kind: str) -> tuple[TrainingJob, threading.Thread]:
+def _chaos_job(tmp_path, name: str, kind: str) -> tuple[TrainingJob, threading.Thread]:
     spec = parse_spec({
         "name": name, "learners": {"min": 1, "max": 2}, "learner_resources": {"learner_slot": 1},
-        "group": {"kind": kind}, "data": {"train": str(corpus / "train.jsonl"), "dev": str(corpus / "dev.jsonl"),
-                                          "max_batch_seconds": 10},
-        "model": {"subsample_channels": 8, "d_model": 32, "hidden": 32, "layers": 1},
-        "optim": {"lr": 3e-3, "warmup_steps": 10, "schedule": "constant"},
+        "group": {"kind": kind}, **LINEAR,
         "budget": {"epochs": 10_000, "wall_seconds": 300, "eval_every_seconds": 5}})
     job = TrainingJob(spec, tmp_path)
     return job, _start(job)
@@ -410,9 +378,10 @@ def _events(job, kind: str) -> list[dict]:
     return [e for e in (job.events.recorded if job.events else []) if e["kind"] == kind]
 
 
+@pytest.mark.slow
 @pytest.mark.own_process
 @pytest.mark.parametrize("kind", ["gossip", "allreduce"])
-def test_a_drained_nodes_learners_leave_the_group_cleanly(chaos_cluster, corpus, tmp_path, kind):
+def test_a_drained_nodes_learners_leave_the_group_cleanly(chaos_cluster, tmp_path, kind):
     """`ray drain-node --reason DRAIN_NODE_REASON_PREEMPTION` (what the autoscaler does before a
     spot node goes): its learners finish their step, leave (gossip: a neighbour keeps their last
     average), a `drain` event names the reason, nothing counts as a failure, their slots are asked
@@ -421,7 +390,7 @@ def test_a_drained_nodes_learners_leave_the_group_cleanly(chaos_cluster, corpus,
     import sys
 
     cluster, node_a, _ = chaos_cluster
-    job, thread = _chaos_job(tmp_path, corpus, f"drain-{kind}", kind)
+    job, thread = _chaos_job(tmp_path, f"drain-{kind}", kind)
     _wait_for("2 learners and an evaluation", lambda: len(_events(job, "join")) == 2 and job.evals, thread)
     joined = {e["learner"]: e["node"] for e in _events(job, "join")}
     victim = next((n for n in joined.values() if n == node_a.node_id), joined[0])
@@ -446,14 +415,15 @@ def test_a_drained_nodes_learners_leave_the_group_cleanly(chaos_cluster, corpus,
     assert all(e["node"] != victim for e in later), later  # no slot asked for again lands on the drained node
 
 
+@pytest.mark.slow
 @pytest.mark.own_process
-def test_a_learner_sent_sigterm_leaves_gracefully(chaos_cluster, corpus, tmp_path):
+def test_a_learner_sent_sigterm_leaves_gracefully(chaos_cluster, tmp_path):
     """SIGTERM to a learner's process (a preempted pod, a `kill`): it ends the step in flight and
     leaves like a drained one, its last average kept by its neighbour; nothing counts as a failure."""
     import os
     import signal
 
-    job, thread = _chaos_job(tmp_path, corpus, "sigterm", "gossip")
+    job, thread = _chaos_job(tmp_path, "sigterm", "gossip")
     _wait_for("2 learners and an evaluation", lambda: len(_events(job, "join")) == 2 and job.evals, thread)
     victim = _events(job, "join")[0]
     os.kill(victim["pid"], signal.SIGTERM)

@@ -7,16 +7,13 @@ import pytest
 import torch
 
 from jobs.workload import AsrWorkload
+from orchestrator.capacity import place_learners, release
 from orchestrator.config import parse_spec
 from orchestrator.groups import AllreduceMember, GossipMember, ring_partners
 from orchestrator.job import TrainingJob
 from orchestrator.metrics import prometheus_names
-from orchestrator.placement import fetch, place_learners, release
-
-
-def _raw(corpus, batch_seconds=5):
-    return {"data": {"train": str(corpus / "train.jsonl"), "max_batch_seconds": batch_seconds},
-            "optim": {"lr": 3e-3, "warmup_steps": 10, "schedule": "constant"}}
+from orchestrator.runtime import fetch
+from tests.conftest import assert_nothing_left, make_spec
 
 
 def _job_metrics(ray, job_id: str) -> dict[str, dict[tuple, float]]:
@@ -44,6 +41,7 @@ def _consensus(actors):
     return float((w - w.mean(0)).norm(dim=1).mean())
 
 
+@pytest.mark.unit
 def test_ring_partners_are_passive_neighbours():
     assert ring_partners(0, 1) == [] and ring_partners(1, 2) == []
     assert ring_partners(0, 2) == [1]
@@ -57,10 +55,11 @@ def test_ring_partners_are_passive_neighbours():
 
 @pytest.fixture
 def learners(ray_session, corpus):
+    workload = make_spec(corpus, data__max_batch_seconds=5).workload_config.model_dump(mode="json")
     made = []
 
     def make(n):
-        pg, actors = place_learners(f"test-{len(made)}-{time.time_ns()}", n, 1.0, _raw(corpus), seed=0)
+        pg, actors = place_learners(f"test-{len(made)}-{time.time_ns()}", n, 1.0, "asr", workload, seed=0)
         made.append((pg, actors))
         return actors
 
@@ -69,6 +68,7 @@ def learners(ray_session, corpus):
         release(pg, actors)
 
 
+@pytest.mark.ray
 def test_one_averaging_leaves_both_partners_identical(learners):
     a, b = learners(2)
     fetch([a.join.remote(GossipMember(0, [b])), b.join.remote(GossipMember(1, []))])
@@ -81,6 +81,7 @@ def test_one_averaging_leaves_both_partners_identical(learners):
     assert torch.allclose(wa2, (wa + wb) / 2)
 
 
+@pytest.mark.ray
 def test_a_dead_partner_costs_an_exchange_not_an_error(learners):
     import ray
 
@@ -94,6 +95,7 @@ def test_a_dead_partner_costs_an_exchange_not_an_error(learners):
     assert stats["step"] == 3 and stats["averages"] == 0 and stats["failed_exchanges"] == 4
 
 
+@pytest.mark.ray
 def test_consensus_distance_falls_to_zero_when_learners_only_average(learners):
     actors = learners(4)
     fetch([a.join.remote(GossipMember(i, [actors[q] for q in ring_partners(i, 4)], seed=3))
@@ -106,6 +108,7 @@ def test_consensus_distance_falls_to_zero_when_learners_only_average(learners):
     assert _consensus(actors) < 1e-4 * start
 
 
+@pytest.mark.slow
 def test_gossip_ring_of_three_runs_200_steps_without_deadlock_and_everyone_mixes(learners):
     actors = learners(3)
     fetch([a.join.remote(GossipMember(i, [actors[q] for q in ring_partners(i, 3)], seed=1))
@@ -123,6 +126,7 @@ def test_gossip_ring_of_three_runs_200_steps_without_deadlock_and_everyone_mixes
     assert final[1]["averages"] == 400  # the one passive learner serves both actives
 
 
+@pytest.mark.ray
 def test_allreduce_keeps_replicas_identical(learners, corpus):
     actors = learners(2)
     ip, port = fetch([actors[0].ip.remote(), actors[0].free_port.remote()])
@@ -136,16 +140,14 @@ def test_allreduce_keeps_replicas_identical(learners, corpus):
     fetch([a.close.remote() for a in actors])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["gossip", "allreduce"])
 def test_two_learner_job_trains_and_leaves_nothing_behind(ray_session, corpus, tmp_path, kind):
     import ray
-    from ray.util import placement_group_table
 
     slowdown = {1: 3.0} if kind == "gossip" else {}  # simulate.slowdown: learner 1 computes 3x as long
-    spec = parse_spec({**_raw(corpus, 10), "name": f"g-{kind}", "learners": 2, "group": {"kind": kind},
-                       "data": {"train": str(corpus / "train.jsonl"), "dev": str(corpus / "dev.jsonl"),
-                                "max_batch_seconds": 10},
-                       "budget": {"epochs": 3}, "simulate": {"slowdown": slowdown}})
+    spec = make_spec(corpus, "train", "dev", name=f"g-{kind}", learners=2, group={"kind": kind}, budget__epochs=3,
+                     simulate={"slowdown": slowdown})
     records = []
     summary = TrainingJob(spec, tmp_path, report=records.append).run()
     epochs = [r["epoch"] for r in records]  # the mean of the learners' epochs
@@ -160,9 +162,7 @@ def test_two_learner_job_trains_and_leaves_nothing_behind(ray_session, corpus, t
     for i in range(2):  # killed actors can no longer be looked up by name
         with pytest.raises(ValueError):
             ray.get_actor(f"{job_id}/learner-{i}")
-    groups = [g for g in placement_group_table().values() if g["name"].startswith(f"{job_id}/")]
-    assert len(groups) == 2 and all(g["state"] == "REMOVED" for g in groups)
-    assert not [a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith(f"{job_id}/")]
+    assert_nothing_left(f"{job_id}/", placement_groups=2)
     # the job's metrics reach Ray's exporters, tagged by job and learner (exported every second)
     deadline = time.time() + 30
     while True:
@@ -190,6 +190,7 @@ def _eval_lines(text: str) -> list[str]:
     return [line for line in text.splitlines() if line.startswith("epoch ")]
 
 
+@pytest.mark.slow
 def test_job_interrupted_midway_resumes_its_step_count_data_position_and_curve(ray_cluster, corpus, tmp_path):
     """`chorus train` on the test cluster, interrupted (SIGINT) after its epoch-2 checkpoint, then
     run again with --resume: it carries on from the checkpoint instead of starting over."""
@@ -198,14 +199,9 @@ def test_job_interrupted_midway_resumes_its_step_count_data_position_and_curve(r
     import subprocess
     import sys
 
-    import ray
-    from ray.util import placement_group_table
-
     spec = tmp_path / "resume.yaml"
-    spec.write_text(json.dumps({
-        **_raw(corpus, 10), "name": "resume", "learners": 2, "group": {"kind": "gossip"},
-        "data": {"train": str(corpus / "train.jsonl"), "dev": str(corpus / "dev.jsonl"), "max_batch_seconds": 10},
-        "budget": {"epochs": 5}}))
+    spec.write_text(json.dumps(make_spec(corpus, "train", "dev", raw=True, name="resume", learners=2,
+                                         group={"kind": "gossip"}, budget__epochs=5)))
     out = tmp_path / "run"
     command = [sys.executable, "-m", "orchestrator.cli", "train", str(spec), "--out", str(out),
                "--address", ray_cluster.address]
@@ -222,8 +218,7 @@ def test_job_interrupted_midway_resumes_its_step_count_data_position_and_curve(r
     assert "Traceback" not in stderr
     assert "interrupted, learners released; the last checkpoint is" in stderr
     assert "run the same command with --resume" in stderr
-    assert not [a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith("resume-")]
-    assert all(g["state"] == "REMOVED" for g in placement_group_table().values() if g["name"].startswith("resume-"))
+    assert_nothing_left("resume-")
     curve_at_stop = [json.loads(line) for line in (out / "evals.jsonl").read_text().splitlines()]
 
     resumed = subprocess.run(command + ["--resume"], capture_output=True, text=True, timeout=600)
@@ -243,20 +238,18 @@ def test_job_interrupted_midway_resumes_its_step_count_data_position_and_curve(r
     assert summary["samples"] == 5 * 160
     # the resumed learners start from the checkpoint, not from the untrained model: their first
     # steps' loss (measured 64-70) and the next dev loss are well below the initial model's (97)
-    workload = AsrWorkload(parse_spec(json.loads(spec.read_text())), seed=0)
+    workload = AsrWorkload(parse_spec(json.loads(spec.read_text())).workload_config, seed=0)
     initial = workload.evaluate(workload.build_model(), corpus / "dev.jsonl")["loss"]
     assert summary["first_train_loss"] < 0.85 * initial and curve[2]["dev_loss"] < 0.85 * initial
     assert curve[2]["wall_s"] > curve[1]["wall_s"]
 
 
+@pytest.mark.slow
 def test_hierarchical_two_nodes_by_two_learners(ray_cluster, corpus, tmp_path):
     import ray
 
     assert len([n for n in ray.nodes() if n["Alive"]]) == 2
-    spec = parse_spec({**_raw(corpus, 10), "name": "hier", "learners": 4, "group": {"kind": "hierarchical"},
-                       "data": {"train": str(corpus / "train.jsonl"), "dev": str(corpus / "dev.jsonl"),
-                                "max_batch_seconds": 10},
-                       "budget": {"epochs": 4}})
+    spec = make_spec(corpus, "train", "dev", name="hier", learners=4, group={"kind": "hierarchical"}, budget__epochs=4)
     job = TrainingJob(spec, tmp_path)
     records = []
     job.report = records.append
@@ -267,7 +260,8 @@ def test_hierarchical_two_nodes_by_two_learners(ray_cluster, corpus, tmp_path):
     weights = [torch.nn.utils.parameters_to_vector(
         [v for k, v in s["model"].items()]) for s in state["learners"]]
     mean = torch.stack(weights).mean(0)
-    initial = torch.nn.utils.parameters_to_vector(AsrWorkload(spec, seed=spec.seed).build_model().parameters()).detach()
+    model = AsrWorkload(spec.workload_config, seed=spec.seed).build_model()
+    initial = torch.nn.utils.parameters_to_vector(model.parameters()).detach()
     moved = float((mean - initial).norm())
     # inside a node replicas are equal at every broadcast; a passive leader may absorb one more
     # average after the last one, so they end within one exchange of each other
@@ -278,7 +272,7 @@ def test_hierarchical_two_nodes_by_two_learners(ray_cluster, corpus, tmp_path):
     assert spread < 0.2 * moved, (spread, moved)
     # it learns: the averaged model's dev loss falls well below the untrained model's (97 -> 63;
     # at ~9 steps per learner and epoch the train loss is on CTC's plateau, 67-81 from epoch 1 on)
-    untrained = AsrWorkload(spec, seed=spec.seed)
+    untrained = AsrWorkload(spec.workload_config, seed=spec.seed)
     untrained_loss = untrained.evaluate(untrained.build_model(), corpus / "dev.jsonl")["loss"]
     assert records[-1]["dev_loss"] < 0.9 * untrained_loss, (records[-1]["dev_loss"], untrained_loss)
     assert summary["learners"] == 4 and summary["group"] == "hierarchical"

@@ -15,7 +15,9 @@ import jsonschema
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[2]
 CRD = ROOT / "deploy" / "kuberay" / "crd" / "ray.io_rayjobs-v1.7.0.yaml.gz"
 MANIFEST = ROOT / "deploy" / "kuberay" / "rayjob.yaml"
 

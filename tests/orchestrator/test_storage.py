@@ -17,7 +17,7 @@ import pytest
 
 from orchestrator.local_head import BIN, free_port
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 KEYS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1",
         "AWS_DEFAULT_REGION": "us-east-1"}
 SMALL_MODEL = {"subsample_channels": 8, "d_model": 32, "hidden": 32, "layers": 1}
@@ -67,6 +67,7 @@ def listed(endpoint: str, prefix: str) -> list[str]:
     return sorted(o["Key"].removeprefix(prefix) for o in reply.get("Contents", []) if not o["Key"].endswith("/"))
 
 
+@pytest.mark.unit
 def test_a_run_folder_mirrored_to_s3_and_back(s3, tmp_path):
     from orchestrator.storage import RunStorage, StorageError
 
@@ -96,6 +97,7 @@ def test_a_run_folder_mirrored_to_s3_and_back(s3, tmp_path):
         RunStorage(uri(s3, "unit/none"), staging=tmp_path / "d").check(resume=True, overwrite=False)
 
 
+@pytest.mark.slow
 def test_a_job_writes_to_s3_is_stopped_and_resumes_from_it_on_another_node(ray_cluster, s3, corpus, tmp_path):
     """The resumed run is started from the session cluster's worker node (by a Ray task placed
     there), in an empty staging folder: all it has is the bucket. It goes on from the

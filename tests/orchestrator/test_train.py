@@ -1,27 +1,18 @@
 import json
-import subprocess
-import sys
 
+import pytest
 import torch
 
-from orchestrator.config import parse_spec
 from orchestrator.job import TrainingJob
+from tests.conftest import make_spec, run_cli
+
+SPLITS = ("train", "dev", "test/", "test_unseen")  # all four; test as its LibriSpeech-layout folder
 
 
-def _spec(corpus, max_batch_seconds=20, **budget):
-    return parse_spec({
-        "name": "t",
-        "data": {"train": str(corpus / "train.jsonl"), "dev": str(corpus / "dev.jsonl"),
-                 "test": str(corpus / "test"), "test_unseen": str(corpus / "test-unseen.jsonl"),
-                 "max_batch_seconds": max_batch_seconds},
-        "optim": {"lr": 3e-3, "warmup_steps": 10, "schedule": "constant"},
-        "budget": budget,
-    })
-
-
+@pytest.mark.slow
 def test_short_training_run_lowers_the_loss(corpus, tmp_path):
     records = []
-    summary = TrainingJob(_spec(corpus, max_batch_seconds=10, epochs=12), tmp_path, report=records.append).run()
+    summary = TrainingJob(make_spec(corpus, *SPLITS, budget__epochs=12), tmp_path, report=records.append).run()
     assert [r["epoch"] for r in records] == list(range(1, 13))
     # 12 short epochs just leave CTC's all-blank plateau: epoch-mean train loss 76 -> 60 when measured
     assert records[-1]["train_loss"] < 0.85 * records[0]["train_loss"]
@@ -36,49 +27,50 @@ def test_short_training_run_lowers_the_loss(corpus, tmp_path):
     assert state["learners"][0]["counters"]["step"] == summary["steps"] and state["spec"]["name"] == "t"
 
 
+@pytest.mark.slow
 def test_wall_budget_stops_the_job(corpus, tmp_path):
-    summary = TrainingJob(_spec(corpus, epochs=None, wall_seconds=3), tmp_path).run()
+    summary = TrainingJob(make_spec(corpus, *SPLITS, data__max_batch_seconds=20,
+                                   budget={"epochs": None, "wall_seconds": 3}), tmp_path).run()
     assert summary["train_wall_s"] < 3 + 15  # the step in flight and the last dev evaluation
     assert 0 < summary["samples"] < 50 * 160
 
 
-def _chorus(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], capture_output=True, text=True, cwd=cwd)
-
-
+@pytest.mark.slow
 def test_cli_train_prints_evals_and_summary_last_then_eval_reads_checkpoint(corpus, tmp_path):
     spec = tmp_path / "job.yaml"
-    spec.write_text(json.dumps(_spec(corpus, epochs=2).model_dump(mode="json")))  # JSON is YAML
+    spec.write_text(json.dumps(make_spec(corpus, *SPLITS, data__max_batch_seconds=20, budget__epochs=2)
+                               .model_dump(mode="json")))  # JSON is YAML
     out = tmp_path / "run"
-    proc = _chorus("train", str(spec), "--set", "budget.epochs=1", "--out", str(out))
+    proc = run_cli("train", str(spec), "--set", "budget.epochs=1", "--out", str(out))
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.strip().splitlines()
     assert any(line.startswith("epoch 1  step ") and "dev_wer" in line for line in lines)
     summary = json.loads(lines[-1])
     assert summary == json.loads((out / "summary.json").read_text())
-    proc = _chorus("eval", str(out / "checkpoint.pt"), str(corpus / "test"))
+    proc = run_cli("eval", str(out / "checkpoint.pt"), str(corpus / "test"))
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["utterances"] == 20 and abs(result["wer"] - summary["wer_test"]) < 1e-6
 
 
-def test_cli_rejects_a_bad_spec_before_training(corpus, tmp_path):
+@pytest.mark.unit
+def test_cli_rejects_a_bad_spec_before_training(stub_corpus, tmp_path):
     spec = tmp_path / "job.yaml"
-    spec.write_text(json.dumps(_spec(corpus, epochs=1).model_dump(mode="json")))
-    proc = _chorus("train", str(spec), "--set", "model.hiden=64", "--out", str(tmp_path / "run"))
+    spec.write_text(json.dumps(make_spec(stub_corpus, *SPLITS, data__max_batch_seconds=20).model_dump(mode="json")))
+    proc = run_cli("train", str(spec), "--set", "model.hiden=64", "--out", str(tmp_path / "run"))
     assert proc.returncode != 0
     assert f"{spec}: model.hiden (from --set): unknown key" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.unit
 def test_learner_gradients_share_one_buffer_and_its_state_is_a_snapshot(corpus):
     from orchestrator.learner import Learner
     from orchestrator.shards import ShardPlanner
 
-    raw = _spec(corpus, max_batch_seconds=10, epochs=1).model_dump(mode="json",
-                                                                   include={"data", "features", "model", "optim"})
-    learner = Learner(raw, seed=0, learner_id=0, planner=ShardPlanner([0]))
+    raw = make_spec(corpus, *SPLITS).workload_config.model_dump(mode="json")
+    learner = Learner("asr", raw, seed=0, learner_id=0, planner=ShardPlanner([0]))
     batch = learner.next_batch()
     learner.forward_backward(batch)
     # backward accumulated into the flat buffer the groups all-reduce, not into new tensors

@@ -22,6 +22,7 @@ import yaml
 from orchestrator.config import SpecError
 from search import load_sweep
 from search.space import Space
+from tests.conftest import run_cli
 
 SPACE = {
     "optim.lr": {"type": "float", "low": 1e-4, "high": 1e-2, "log": True},
@@ -50,6 +51,7 @@ def _samples(space: Space, n: int = 3000) -> dict[str, list[dict]]:
     return out
 
 
+@pytest.mark.unit
 def test_one_space_yields_equivalent_configspace_hyperopt_and_tune_spaces():
     space = Space.model_validate(SPACE)
     cs = space.to_configspace()
@@ -120,11 +122,7 @@ def _sweep_file(tmp_path: Path, corpus, **fields) -> Path:
     return path
 
 
-def _chorus(*args, **kwargs):
-    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], capture_output=True, text=True,
-                          **kwargs)
-
-
+@pytest.mark.unit
 @pytest.mark.parametrize("change, message", [
     ({"method": "sgd"}, "method: unknown method 'sgd' (one of: bohb, hyperband, asha, hyperopt, random)"),
     ({"space": {}}, "space: empty; name at least one parameter"),
@@ -133,20 +131,21 @@ def _chorus(*args, **kwargs):
     ({"space": {"optim.lrr": {"type": "float", "low": 0.001, "high": 0.01}}},
      "is not valid:\nparameter optim.lrr: unknown key"),
 ])
-def test_a_bad_sweep_spec_fails_with_a_clear_message_before_anything_starts(corpus, tmp_path, change, message):
-    path = _sweep_file(tmp_path, corpus, **change)
+def test_a_bad_sweep_spec_fails_with_a_clear_message_before_anything_starts(stub_corpus, tmp_path, change, message):
+    path = _sweep_file(tmp_path, stub_corpus, **change)
     with pytest.raises(SpecError) as err:
         load_sweep(path)
     assert f"{path}: " in str(err.value) and message in str(err.value)
     out = tmp_path / "out"
-    proc = _chorus("sweep", str(path), "--out", str(out), timeout=120)
+    proc = run_cli("sweep", str(path), "--out", str(out), timeout=120)
     assert proc.returncode == 1 and message in proc.stderr and "Traceback" not in proc.stderr
     assert "Ray" not in proc.stdout + proc.stderr.replace("invalid spec", "")  # no cluster was started
     assert not out.exists()
 
 
-def test_job_overrides_reach_into_the_job_spec_and_data_paths_become_absolute(corpus, tmp_path):
-    path = _sweep_file(tmp_path, corpus)
+@pytest.mark.unit
+def test_job_overrides_reach_into_the_job_spec_and_data_paths_become_absolute(stub_corpus, tmp_path):
+    path = _sweep_file(tmp_path, stub_corpus)
     sweep = load_sweep(path, ["job.model.hidden=48", "trials=5", "space.optim.lr.high=0.02"])
     assert sweep.job["model"]["hidden"] == 48 and sweep.trials == 5
     assert sweep.space.root["optim.lr"].high == 0.02
@@ -164,6 +163,7 @@ def _trial_groups() -> list[dict]:
             if g["state"] == "CREATED" and g["bundles"].get(0, {}).get("CPU") == 0.5]
 
 
+@pytest.mark.slow
 def test_two_concurrent_two_learner_trials_never_hold_more_than_4_cpus(ray_session, corpus, tmp_path):
     import ray
     from ray.util import placement_group_table
@@ -222,6 +222,7 @@ def _trial_states(experiment: Path) -> dict[str, str]:
     return out
 
 
+@pytest.mark.slow
 def test_a_sweep_killed_mid_run_resumes_without_repeating_finished_trials(ray_cluster, corpus, tmp_path):
     path = _sweep_file(tmp_path, corpus, trials=3, budget={"max": 3, "min": 1})
     out = tmp_path / "out"
@@ -242,7 +243,7 @@ def test_a_sweep_killed_mid_run_resumes_without_repeating_finished_trials(ray_cl
     rows_before = {t: _progress_rows(out / "tune", t) for t in finished}
     assert all(n == 3 for n in rows_before.values()), rows_before
 
-    resumed = _chorus("sweep", str(path), "--out", str(out), "--address", ray_cluster.address, "--resume",
+    resumed = run_cli("sweep", str(path), "--out", str(out), "--address", ray_cluster.address, "--resume",
                       timeout=400)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     summary = json.loads(resumed.stdout.strip().splitlines()[-1])
@@ -269,6 +270,7 @@ def _reports(experiment: Path) -> dict[str, list[dict]]:
     return out
 
 
+@pytest.mark.slow
 def test_a_promoted_trial_resumes_from_its_checkpoint_with_the_learners_of_its_rung(ray_session, corpus, tmp_path):
     import ray
 
@@ -321,6 +323,7 @@ def _stand_in_trial(config: dict, sweep_raw: dict) -> None:
             tune.report({"loss": config["x"], "epoch": t}, checkpoint=tune.Checkpoint.from_directory(d))
 
 
+@pytest.mark.slow
 def test_each_bohb_bracket_takes_its_trials_once_and_halves_them_when_filled(ray_session, tmp_path):
     import ray
     from ray import tune
