@@ -72,6 +72,19 @@ class LearnersConfig(BaseModel):
     A learner that is alive but completes no step for `max(stuck_after_s, stuck_step_multiple x
     its median step time)` while computing (or that stops answering for as long) is declared
     stuck: it is killed, dropped and its slot asked for again; the rest go on.
+
+    Args:
+        min: the fewest learners the job trains with: it starts once this many are placed and
+            answer, and pauses to wait whenever it has fewer.
+        max: the most learners: the job asks for this many slots from the start and grows to it
+            as capacity appears (a lost learner's slot is asked for again). Left out, it is `min`.
+        wait_timeout_s: how long the job waits below `min` (at the start, or after losing
+            learners) before it gives up with an error that says what it waited for.
+        stuck_after_s: the shortest time a learner may compute one step (or not answer) before it
+            counts as stuck; the bound is the larger of this and `stuck_step_multiple` x its median
+            step time.
+        stuck_step_multiple: the stuck bound in the learner's own median step times, so a slow
+            model's long steps are not taken for a hang.
     """
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
@@ -133,15 +146,32 @@ class JobSpec(BaseModel):
     `asr` by default: data, features, model, optim). In YAML the workload's sections sit at the
     top level beside the others, and `spec.data` reads `spec.workload_config.data`.
 
-    `cpus_per_learner` is each learner's CPU reservation on Ray (default 1; fractions share a
-    core); a one-learner job run without Ray uses all of this machine's cores unless it is set.
-    `accelerator`: each learner asks for one GPU (`gpu`), none (`cpu`), or (`auto`) a GPU when
-    the cluster has one or its autoscaler can launch a node type that has one.
-    `learner_resources` adds custom resources to each learner's reservation (e.g. `{V100: 1}` to
-    keep learners on the nodes that advertise it).
-    `accelerator_types`: custom resources naming interchangeable node kinds (e.g. `[V100, A10G]`,
-    as `cluster.yaml`'s GPU types advertise): each learner asks for one unit of one of them, the
-    learners spread evenly over them, and the summary reports each kind's learners and speed.
+    Args:
+        workload: what is trained, by its registered name (`orchestrator.workload`): `asr`, speech
+            recognition (sections `data`, `features`, `model`, `optim`), or `linear`, a linear
+            classifier on random tensors (sections `data`, `optim`; no corpus needed).
+        workload_config: not a key of the YAML: the workload's sections, written at the top level
+            of the spec (listed below under the workload's name).
+        name: names the run: its output folder (`runs/<name>` by default), its Ray actors and
+            placement groups (`<name>-<suffix>/learner-<id>`) and its metrics' `chorus_job` tag.
+        budget: when training stops and how often the job evaluates.
+        learners: how many learners, and when a learner counts as stuck.
+        cpus_per_learner: each learner's CPU reservation on Ray (default 1; fractions share a
+            core); a one-learner job run without Ray uses all of this machine's cores unless it
+            is set.
+        accelerator: each learner asks for one GPU (`gpu`), none (`cpu`), or (`auto`) a GPU when
+            the cluster has one or its autoscaler can launch a node type that has one.
+        learner_resources: custom resources added to each learner's reservation (e.g. `{V100: 1}`
+            to keep learners on the nodes that advertise it).
+        accelerator_types: custom resources naming interchangeable node kinds (e.g. `[V100, A10G]`,
+            as `cluster.yaml`'s GPU types advertise): each learner asks for one unit of one of
+            them, the learners spread evenly over them, and the summary reports each kind's
+            learners and speed.
+        group: how the learners keep their models in agreement (`group.kind`) and whether the
+            group adapts to their measured speeds.
+        seed: seeds the initial weights (every learner starts from the same), the data's shuffling
+            and sharding, and gossip's choice of partners.
+        simulate: test and benchmark aids, never needed in production.
     """
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)

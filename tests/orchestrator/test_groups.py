@@ -6,14 +6,14 @@ import urllib.request
 import pytest
 import torch
 
-from jobs.workload import AsrWorkload
 from orchestrator.capacity import place_learners, release
 from orchestrator.config import parse_spec
 from orchestrator.groups import AllreduceMember, GossipMember, ring_partners
 from orchestrator.job import TrainingJob
 from orchestrator.metrics import prometheus_names
 from orchestrator.runtime import fetch
-from tests.conftest import assert_nothing_left, make_spec
+from orchestrator.workload import build_workload
+from tests.conftest import assert_nothing_left, linear_spec
 
 
 def _job_metrics(ray, job_id: str) -> dict[str, dict[tuple, float]]:
@@ -54,12 +54,14 @@ def test_ring_partners_are_passive_neighbours():
 
 
 @pytest.fixture
-def learners(ray_session, corpus):
-    workload = make_spec(corpus, data__max_batch_seconds=5).workload_config.model_dump(mode="json")
+def learners(ray_session):
+    """Learner actors of the tiny linear workload (these tests are about the groups), placed
+    with one static shard plan."""
+    workload = linear_spec(data__compute_seconds=0.005).workload_config.model_dump(mode="json")
     made = []
 
     def make(n):
-        pg, actors = place_learners(f"test-{len(made)}-{time.time_ns()}", n, 1.0, "asr", workload, seed=0)
+        pg, actors = place_learners(f"test-{len(made)}-{time.time_ns()}", n, 1.0, "linear", workload, seed=0)
         made.append((pg, actors))
         return actors
 
@@ -100,7 +102,7 @@ def test_consensus_distance_falls_to_zero_when_learners_only_average(learners):
     actors = learners(4)
     fetch([a.join.remote(GossipMember(i, [actors[q] for q in ring_partners(i, 4)], seed=3))
            for i, a in enumerate(actors)])
-    fetch([a.perturb.remote(0.1, i) for i, a in enumerate(actors)])
+    fetch([a.perturb.remote(0.5, i) for i, a in enumerate(actors)])  # ~0.5 x sqrt(68 weights) apart
     start = _consensus(actors)
     assert start > 1.0
     for _ in range(30):
@@ -127,7 +129,7 @@ def test_gossip_ring_of_three_runs_200_steps_without_deadlock_and_everyone_mixes
 
 
 @pytest.mark.ray
-def test_allreduce_keeps_replicas_identical(learners, corpus):
+def test_allreduce_keeps_replicas_identical(learners):
     actors = learners(2)
     ip, port = fetch([actors[0].ip.remote(), actors[0].free_port.remote()])
     fetch([a.join.remote(AllreduceMember(i, 2, f"{ip}:{port}")) for i, a in enumerate(actors)])
@@ -142,18 +144,18 @@ def test_allreduce_keeps_replicas_identical(learners, corpus):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["gossip", "allreduce"])
-def test_two_learner_job_trains_and_leaves_nothing_behind(ray_session, corpus, tmp_path, kind):
+def test_two_learner_job_trains_and_leaves_nothing_behind(ray_session, tmp_path, kind):
     import ray
 
     slowdown = {1: 3.0} if kind == "gossip" else {}  # simulate.slowdown: learner 1 computes 3x as long
-    spec = make_spec(corpus, "train", "dev", name=f"g-{kind}", learners=2, group={"kind": kind}, budget__epochs=3,
-                     simulate={"slowdown": slowdown})
+    spec = linear_spec(name=f"g-{kind}", learners=2, group={"kind": kind}, budget__epochs=3,
+                       simulate={"slowdown": slowdown}, data__eval_splits=["dev"])
     records = []
     summary = TrainingJob(spec, tmp_path, report=records.append).run()
     epochs = [r["epoch"] for r in records]  # the mean of the learners' epochs
     # allreduce turns epochs together; a gossip learner 3x as fast runs ahead (and waits at the end)
     assert epochs == [1, 2, 3] if kind == "allreduce" else (epochs == sorted(epochs) and epochs[-1] == 3)
-    assert summary["learners"] == 2 and summary["samples"] == 3 * 160
+    assert summary["learners"] == 2 and summary["samples"] == 3 * 512
     assert records[-1]["train_loss"] < records[0]["train_loss"]
     assert "consensus_distance" in records[-1]
     if kind == "allreduce":
@@ -191,7 +193,7 @@ def _eval_lines(text: str) -> list[str]:
 
 
 @pytest.mark.slow
-def test_job_interrupted_midway_resumes_its_step_count_data_position_and_curve(ray_cluster, corpus, tmp_path):
+def test_job_interrupted_midway_resumes_its_step_count_data_position_and_curve(ray_cluster, tmp_path):
     """`chorus train` on the test cluster, interrupted (SIGINT) after its epoch-2 checkpoint, then
     run again with --resume: it carries on from the checkpoint instead of starting over."""
     import json
@@ -200,8 +202,9 @@ def test_job_interrupted_midway_resumes_its_step_count_data_position_and_curve(r
     import sys
 
     spec = tmp_path / "resume.yaml"
-    spec.write_text(json.dumps(make_spec(corpus, "train", "dev", raw=True, name="resume", learners=2,
-                                         group={"kind": "gossip"}, budget__epochs=5)))
+    # steps of 0.1 s: an epoch of the two learners takes ~1.6 s, so the stop lands in epoch 3
+    spec.write_text(json.dumps(linear_spec(raw=True, name="resume", learners=2, group={"kind": "gossip"},
+                                           budget__epochs=5, data__compute_seconds=0.1)))
     out = tmp_path / "run"
     command = [sys.executable, "-m", "orchestrator.cli", "train", str(spec), "--out", str(out),
                "--address", ray_cluster.address]
@@ -235,21 +238,21 @@ def test_job_interrupted_midway_resumes_its_step_count_data_position_and_curve(r
     # from its step count: the first new evaluation is later than the checkpoint's, not step ~1
     assert curve[2]["step"] > curve[1]["step"]
     # from its place in the data: every utterance once per epoch across the stop, none twice
-    assert summary["samples"] == 5 * 160
+    assert summary["samples"] == 5 * 512
     # the resumed learners start from the checkpoint, not from the untrained model: their first
-    # steps' loss (measured 64-70) and the next dev loss are well below the initial model's (97)
-    workload = AsrWorkload(parse_spec(json.loads(spec.read_text())).workload_config, seed=0)
-    initial = workload.evaluate(workload.build_model(), corpus / "dev.jsonl")["loss"]
+    # steps' loss and the next dev loss are well below the initial model's
+    workload = build_workload("linear", parse_spec(json.loads(spec.read_text())).workload_config, seed=0)
+    initial = workload.evaluate(workload.build_model(), "dev")["loss"]
     assert summary["first_train_loss"] < 0.85 * initial and curve[2]["dev_loss"] < 0.85 * initial
     assert curve[2]["wall_s"] > curve[1]["wall_s"]
 
 
 @pytest.mark.slow
-def test_hierarchical_two_nodes_by_two_learners(ray_cluster, corpus, tmp_path):
+def test_hierarchical_two_nodes_by_two_learners(ray_cluster, tmp_path):
     import ray
 
     assert len([n for n in ray.nodes() if n["Alive"]]) == 2
-    spec = make_spec(corpus, "train", "dev", name="hier", learners=4, group={"kind": "hierarchical"}, budget__epochs=4)
+    spec = linear_spec(name="hier", learners=4, group={"kind": "hierarchical"}, budget__epochs=4)
     job = TrainingJob(spec, tmp_path)
     records = []
     job.report = records.append
@@ -260,7 +263,7 @@ def test_hierarchical_two_nodes_by_two_learners(ray_cluster, corpus, tmp_path):
     weights = [torch.nn.utils.parameters_to_vector(
         [v for k, v in s["model"].items()]) for s in state["learners"]]
     mean = torch.stack(weights).mean(0)
-    model = AsrWorkload(spec.workload_config, seed=spec.seed).build_model()
+    model = build_workload("linear", spec.workload_config, seed=spec.seed).build_model()
     initial = torch.nn.utils.parameters_to_vector(model.parameters()).detach()
     moved = float((mean - initial).norm())
     # inside a node replicas are equal at every broadcast; a passive leader may absorb one more
@@ -270,10 +273,9 @@ def test_hierarchical_two_nodes_by_two_learners(ray_cluster, corpus, tmp_path):
     # the four models converge together: far closer to each other than they moved from the start
     spread = max(float((w - mean).norm()) for w in weights)
     assert spread < 0.2 * moved, (spread, moved)
-    # it learns: the averaged model's dev loss falls well below the untrained model's (97 -> 63;
-    # at ~9 steps per learner and epoch the train loss is on CTC's plateau, 67-81 from epoch 1 on)
-    untrained = AsrWorkload(spec.workload_config, seed=spec.seed)
-    untrained_loss = untrained.evaluate(untrained.build_model(), corpus / "dev.jsonl")["loss"]
+    # it learns: the averaged model's dev loss falls well below the untrained model's
+    untrained = build_workload("linear", spec.workload_config, seed=spec.seed)
+    untrained_loss = untrained.evaluate(untrained.build_model(), "dev")["loss"]
     assert records[-1]["dev_loss"] < 0.9 * untrained_loss, (records[-1]["dev_loss"], untrained_loss)
     assert summary["learners"] == 4 and summary["group"] == "hierarchical"
     leader_counters = [s["counters"]["averages"] for s in state["learners"]]
