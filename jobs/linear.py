@@ -60,7 +60,12 @@ class LinearOptim(BaseModel):
 
 
 class LinearConfig(BaseModel):
-    """The linear workload's part of a job spec."""
+    """The linear workload's part of a job spec (`workload: linear`).
+
+    Args:
+        data: the random samples, their batches and the simulated step time.
+        optim: SGD's rate and the rollbacks of a non-finite loss.
+    """
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     data: LinearData = LinearData()
@@ -112,6 +117,10 @@ class LinearWorkload:
     @property
     def max_rollbacks(self) -> int:
         return self.config.optim.max_rollbacks
+
+    @staticmethod
+    def eval_splits(config: LinearConfig) -> list[str]:
+        return list(config.data.eval_splits)
 
     def check_data(self) -> None:
         pass

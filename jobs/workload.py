@@ -59,7 +59,14 @@ class OptimConfig(BaseModel):
 
 
 class WorkloadConfig(BaseModel):
-    """The workload's part of a job spec."""
+    """The ASR workload's part of a job spec (`workload: asr`, the default).
+
+    Args:
+        data: the corpus's splits and how batches are cut.
+        features: log-mel filterbanks and SpecAugment.
+        model: the recognizer (BiLSTM or Conformer, CTC).
+        optim: AdamW, its schedule, clipping and rollbacks.
+    """
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     data: DataConfig
@@ -201,6 +208,11 @@ class AsrWorkload:
     @property
     def max_rollbacks(self) -> int:
         return self.config.optim.max_rollbacks
+
+    @staticmethod
+    def eval_splits(config: WorkloadConfig) -> list[str]:
+        """The evaluation splits the spec names (dev, test, test_unseen)."""
+        return [split for split in ("dev", "test", "test_unseen") if getattr(config.data, split) is not None]
 
     def skip_counts(self) -> dict[str, int]:
         """Training utterances skipped, by reason."""

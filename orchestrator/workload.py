@@ -55,6 +55,10 @@ class Workload(Protocol):
 
     def __init__(self, config: BaseModel, seed: int = 0): ...
 
+    @staticmethod
+    def eval_splits(config: BaseModel) -> list[str]:
+        """Which of `EVAL_SPLITS` a spec's section of this workload has."""
+
     def check_data(self) -> None: ...
 
     def build_model(self) -> torch.nn.Module: ...

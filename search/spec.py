@@ -19,6 +19,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from orchestrator.config import JobSpec, SpecError, apply_overrides, parse_spec
+from orchestrator.workload import workload_class
 from search.space import Space
 
 METHODS = ("bohb", "hyperband", "asha", "hyperopt", "random")
@@ -202,8 +203,9 @@ def _set_space(raw: dict, overrides: list[str], path: Path) -> None:
 def _check(sweep: SweepSpec, path: Path, job: JobSpec, check_paths: bool) -> None:
     if sweep.metric not in METRICS:
         raise SpecError(f"{path}: metric: {sweep.metric!r} is not reported by trials (one of: {', '.join(METRICS)})")
-    if sweep.metric.startswith("dev_") and job.data.dev is None:
-        raise SpecError(f"{path}: metric: {sweep.metric} needs the job's data.dev, which is not set")
+    splits = workload_class(job.workload).eval_splits(job.workload_config)
+    if sweep.metric.startswith("dev_") and "dev" not in splits:
+        raise SpecError(f"{path}: metric: {sweep.metric} needs a dev split in the job (asr: data.dev); it has none")
     for corner, config in zip(("low", "high"), sweep.space.corners(), strict=True):
         try:
             sweep.trial_spec(config, sweep.learners, "check", check_paths)

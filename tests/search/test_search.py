@@ -22,7 +22,7 @@ import yaml
 from orchestrator.config import SpecError
 from search import load_sweep
 from search.space import Space
-from tests.conftest import run_cli
+from tests.conftest import linear_spec, run_cli
 
 SPACE = {
     "optim.lr": {"type": "float", "low": 1e-4, "high": 1e-2, "log": True},
@@ -111,8 +111,19 @@ def _job(corpus) -> dict:
             "optim": {"lr": 3e-3, "warmup_steps": 5}}
 
 
+def _linear_sweep(tmp_path: Path, **fields) -> Path:
+    """A sweep of the tiny linear workload (these tests are about Tune and the trials' jobs):
+    steps of 10 ms, an epoch of one learner ~0.3 s; it searches the learning rate and batch size."""
+    job = linear_spec(raw=True, data__compute_seconds=0.01)
+    job.pop("budget")
+    space = {"optim.lr": {"type": "float", "low": 0.05, "high": 0.5, "log": True},
+             "data.batch_size": {"type": "int", "low": 8, "high": 24}}
+    return _sweep_file(tmp_path, None, **{"job": job, "space": space, **fields})
+
+
 def _sweep_file(tmp_path: Path, corpus, **fields) -> Path:
-    sweep = {"name": "t", "job": _job(corpus), "method": "random", "trials": 3, "max_concurrent": 1,
+    sweep = {"name": "t", "job": _job(corpus) if corpus is not None else None, "method": "random", "trials": 3,
+             "max_concurrent": 1,
              "learners": 1, "driver_cpus": 0.5, "cpus_per_learner": 0.5, "budget": {"max": 2, "min": 1},
              "space": {"optim.lr": {"type": "float", "low": 1e-3, "high": 1e-2, "log": True},
                        "features.freq_mask": {"type": "int", "low": 4, "high": 12}}}
@@ -164,7 +175,7 @@ def _trial_groups() -> list[dict]:
 
 
 @pytest.mark.slow
-def test_two_concurrent_two_learner_trials_never_hold_more_than_4_cpus(ray_session, corpus, tmp_path):
+def test_two_concurrent_two_learner_trials_never_hold_more_than_4_cpus(ray_session, tmp_path):
     import ray
     from ray.util import placement_group_table
 
@@ -172,8 +183,8 @@ def test_two_concurrent_two_learner_trials_never_hold_more_than_4_cpus(ray_sessi
 
     assert ray.cluster_resources()["CPU"] == 4
     groups_before = set(placement_group_table())
-    sweep = load_sweep(_sweep_file(tmp_path, corpus, trials=3, max_concurrent=3, learners=2,
-                                   cpus_per_learner=0.75, budget={"max": 1, "min": 1}))
+    sweep = load_sweep(_linear_sweep(tmp_path, trials=3, max_concurrent=3, learners=2,
+                                     cpus_per_learner=0.75, budget={"max": 1, "min": 1}))
     peak = {"cpus": 0.0, "trials": 0}
     done = threading.Event()
 
@@ -223,8 +234,8 @@ def _trial_states(experiment: Path) -> dict[str, str]:
 
 
 @pytest.mark.slow
-def test_a_sweep_killed_mid_run_resumes_without_repeating_finished_trials(ray_cluster, corpus, tmp_path):
-    path = _sweep_file(tmp_path, corpus, trials=3, budget={"max": 3, "min": 1})
+def test_a_sweep_killed_mid_run_resumes_without_repeating_finished_trials(ray_cluster, tmp_path):
+    path = _linear_sweep(tmp_path, trials=3, budget={"max": 3, "min": 1})
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "orchestrator.cli", "sweep", str(path), "--out", str(out),
            "--address", ray_cluster.address]
@@ -271,7 +282,7 @@ def _reports(experiment: Path) -> dict[str, list[dict]]:
 
 
 @pytest.mark.slow
-def test_a_promoted_trial_resumes_from_its_checkpoint_with_the_learners_of_its_rung(ray_session, corpus, tmp_path):
+def test_a_promoted_trial_resumes_from_its_checkpoint_with_the_learners_of_its_rung(ray_session, tmp_path):
     import ray
 
     from search import run_sweep
@@ -279,9 +290,9 @@ def test_a_promoted_trial_resumes_from_its_checkpoint_with_the_learners_of_its_r
 
     # BOHB's Hyperband, max 3 epochs, eta 3: its first bracket holds 3 trials at 1 epoch, and the
     # best goes on to 3 (Tune's plain HyperBandScheduler would start with its no-stopping bracket)
-    sweep = load_sweep(_sweep_file(tmp_path, corpus, method="bohb", trials=3, max_concurrent=3, learners=1,
-                                   learners_per_rung=[1, 2], cpus_per_learner=0.75,
-                                   budget={"max": 3, "min": 1, "reduction_factor": 3}))
+    sweep = load_sweep(_linear_sweep(tmp_path, method="bohb", trials=3, max_concurrent=3, learners=1,
+                                     learners_per_rung=[1, 2], cpus_per_learner=0.75,
+                                     budget={"max": 3, "min": 1, "reduction_factor": 3}))
     summary = run_sweep(sweep, tmp_path / "out", verbose=0)
     assert summary["trials_by_outcome"] == {"finished": 1, "stopped": 2}, summary
     reports = _reports(tmp_path / "out" / "tune")
