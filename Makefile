@@ -30,9 +30,11 @@ test-deps:
 	  ($$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq prometheus) \
 	    >/dev/null 2>&1 || echo "make: could not install Debian's prometheus; its test will be skipped"; }
 
-# every tier: unit, ray and slow (pyproject.toml says what each holds)
+# every tier: unit, ray and slow (pyproject.toml says what each holds), in two pytest-xdist workers
+# (most of the slow tests wait on Ray: nodes starting, failures detected, idle timeouts); a test
+# file runs whole in one worker, so the tests that share a module's cluster stay together
 test: $(STAMP) test-deps
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 # the unit tier only, for the edit loop: no Ray cluster, no Ray head (about a minute here)
 test-fast: $(STAMP)

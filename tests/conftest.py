@@ -37,14 +37,22 @@ def pytest_runtest_logreport(report):
 
 
 def _session_corpus(config) -> Path:
-    """A 160-utterance corpus (train) with 20 each in dev, test and test-unseen, made once."""
+    """A 160-utterance corpus (train) with 20 each in dev, test and test-unseen, made once per
+    run: with pytest-xdist, the first worker to need it makes it (under a file lock) in the
+    folder its workers share, and the others read it."""
     if os.environ.get(CORPUS):
         return Path(os.environ[CORPUS])
     if not hasattr(config, "_chorus_corpus"):
+        from filelock import FileLock
+
         from jobs.synth import synthesize
 
-        out = config._tmp_path_factory.mktemp("corpus")
-        synthesize(out, utterances=160, eval_utterances=20, seed=7, workers=2, progress=False)
+        base = config._tmp_path_factory.getbasetemp()
+        shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+        out = shared / "corpus"
+        with FileLock(str(shared / "corpus.lock")):
+            if not (out / "corpus.json").is_file():
+                synthesize(out, utterances=160, eval_utterances=20, seed=7, workers=2, progress=False)
         config._chorus_corpus = out
     return config._chorus_corpus
 

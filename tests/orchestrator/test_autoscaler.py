@@ -15,18 +15,20 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 import yaml
 
+from orchestrator.job import TrainingJob
 from orchestrator.local_head import HeadNode
+from tests.conftest import linear_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 IDLE_TIMEOUT_S = 15.0  # the test clusters' idle timeout (cluster.yaml's is 10 minutes)
 HEARTBEAT_TIMEOUT_S = 5  # a worker node not heard from this long is terminated and replaced
-SMALL_MODEL = {"subsample_channels": 8, "d_model": 32, "hidden": 32, "layers": 1}
 
 pytestmark = [pytest.mark.own_process, pytest.mark.slow]
 
@@ -88,65 +90,74 @@ def head_id() -> str:
     return next(n["NodeID"] for n in ray.nodes() if n["Alive"] and not n["Resources"].get("GPU"))
 
 
-def job_spec(tmp_path: Path, corpus: Path, name: str, **extra) -> Path:
-    spec = {"name": name, "seed": 0, "group": {"kind": "gossip"},
-            "data": {"train": str(corpus / "train.jsonl"), "dev": str(corpus / "dev.jsonl"), "max_batch_seconds": 10},
-            "model": SMALL_MODEL, "optim": {"lr": 0.003, "warmup_steps": 10, "schedule": "constant"},
-            "budget": {"epochs": 1000, "wall_seconds": 30, "eval_every_seconds": 10}, **extra}
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(json.dumps(spec))
-    return path
+def job_spec(name: str, **extra):
+    """A gossip job of the tiny linear workload (steps of 20 ms) that runs until it is stopped."""
+    fields = {"group": {"kind": "gossip"}, "budget": {"epochs": 100_000, "wall_seconds": 300, "eval_every_seconds": 5},
+              **extra}
+    return linear_spec(name=name, **fields)
 
 
-def start_train(spec: Path, out: Path, head: HeadNode) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "train", str(spec), "--out", str(out),
-                             "--address", f"127.0.0.1:{head.gcs_port}"], cwd=ROOT, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+def start_job(spec, out: Path):
+    """The job, run by this process (the test's driver, on the head) in a thread; the thread's
+    `outcome` gets its summary or the error that escaped."""
+    job, outcome = TrainingJob(spec, out), {}
+
+    def run():
+        try:
+            outcome["summary"] = job.run()
+        except BaseException as exc:  # noqa: BLE001 - the test asserts none escapes
+            outcome["error"] = repr(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.outcome = outcome
+    thread.start()
+    return job, thread
 
 
-def events(out: Path) -> list[dict]:
-    path = out / "events.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+def stop_job(job, thread) -> dict:
+    """Stop the job once the test has seen what it waits for; its summary."""
+    job.stop()
+    thread.join(timeout=120)
+    assert not thread.is_alive(), "the job did not stop"
+    assert "error" not in thread.outcome, thread.outcome["error"]
+    return thread.outcome["summary"]
 
 
-def wait_until(predicate, timeout: float, what: str, proc: subprocess.Popen | None = None):
+def joins(job) -> list[dict]:
+    return [e for e in (job.events.recorded if job.events else []) if e["kind"] == "join"]
+
+
+def wait_until(predicate, timeout: float, what: str, thread=None):
     deadline = time.time() + timeout
     while time.time() < deadline:
         value = predicate()
         if value:
             return value
-        if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"the job ended (exit {proc.returncode}) before {what}:\n{proc.stderr.read()}")
+        if thread is not None and not thread.is_alive():
+            raise AssertionError(f"the job ended before {what}: {thread.outcome}")
         time.sleep(0.5)
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
-def finish(proc: subprocess.Popen, timeout: float = 240) -> dict:
-    stdout, stderr = proc.communicate(timeout=timeout)
-    assert proc.returncode == 0, stderr[-3000:]
-    return json.loads(stdout.strip().splitlines()[-1])
-
-
-def test_a_job_grows_the_cluster_with_gpu_nodes_and_they_go_when_it_ends(autoscaling_head, corpus, tmp_path):
+def test_a_job_grows_the_cluster_with_gpu_nodes_and_they_go_when_it_ends(autoscaling_head, tmp_path):
     """From a CPU head and no worker: the learners' placement groups make the autoscaler launch
     GPU nodes, every learner runs on one with a GPU (none on the head), the job finishes, and
     within the idle timeout after it the worker nodes are gone."""
     out = tmp_path / "run"
     assert workers() == []
     started = time.time()
-    proc = start_train(job_spec(tmp_path, corpus, "grow", learners={"min": 2, "max": 4}), out, autoscaling_head)
-    wait_until(workers, 120, "a worker node", proc)
+    job, thread = start_job(job_spec("grow", learners={"min": 2, "max": 4}), out)
+    wait_until(workers, 120, "a worker node", thread)
     first_node_s = time.time() - started
-    wait_until(lambda: sum(e["kind"] == "join" for e in events(out)) >= 4, 180, "4 learners joined", proc)
+    wait_until(lambda: len(joins(job)) >= 4, 180, "4 learners joined", thread)
     joined_s = time.time() - started
-    summary = finish(proc)
-    ended = time.time()
     # every learner stepping: the first members' first step, and each later one's first step in the group
-    first = events(out)[0]
-    first_step = first["time"] - first["wall_s"] + summary["startup_s"]
-    later = [r for r in summary["recoveries"] if r["cause"] == "join"]
-    assert all(r["stepping_at"] for r in later), later
-    all_stepping_s = max([first_step] + [r["stepping_at"] for r in later]) - started
+    later = lambda: [r for r in job.recoveries if r["cause"] == "join"]  # noqa: E731
+    wait_until(lambda: job.first_step_at and all(r["stepping_at"] for r in later()), 120, "every learner stepping",
+               thread)
+    all_stepping_s = max([job.first_step_at] + [r["stepping_at"] for r in later()]) - started
+    summary = stop_job(job, thread)
+    ended = time.time()
     hosts = summary["nodes"]
     assert sum(len(n["learners"]) for n in hosts) >= 4
     assert all(n["gpus"] >= 1 and n["node_id"] != head_id() for n in hosts), hosts
@@ -157,13 +168,15 @@ def test_a_job_grows_the_cluster_with_gpu_nodes_and_they_go_when_it_ends(autosca
           f"last worker gone {time.time() - ended:.1f}s after the job")
 
 
-def test_learners_that_take_either_gpu_generation_land_on_both(autoscaling_head, corpus, tmp_path):
+def test_learners_that_take_either_gpu_generation_land_on_both(autoscaling_head, tmp_path):
     """`accelerator_types: [V100, A10G]`: the learners spread over both kinds, the autoscaler
     launches a node of each, and the summary reports each kind's learners and speed."""
     out = tmp_path / "run"
-    spec = job_spec(tmp_path, corpus, "either", learners=2, accelerator_types=["V100", "A10G"],
-                    group={"kind": "allreduce"})
-    summary = finish(start_train(spec, out, autoscaling_head))
+    spec = job_spec("either", learners=2, accelerator_types=["V100", "A10G"], group={"kind": "allreduce"})
+    job, thread = start_job(spec, out)
+    wait_until(lambda: job.roster and len(job.roster) == 2 and all(s.speed for s in job.roster.live.values()), 180,
+               "both learners stepping", thread)
+    summary = stop_job(job, thread)
     labels = sorted(n["labels"]["chorus-accelerator"] for n in summary["nodes"])
     assert labels == ["A10G", "V100"], summary["nodes"]
     kinds = summary["accelerators"]
@@ -173,17 +186,16 @@ def test_learners_that_take_either_gpu_generation_land_on_both(autoscaling_head,
     wait_until(lambda: not workers(), IDLE_TIMEOUT_S + 45, "the worker nodes to go")
 
 
-def test_a_sweep_grows_the_cluster_for_its_trials_and_it_shrinks_after(autoscaling_head, corpus, tmp_path):
+def test_a_sweep_grows_the_cluster_for_its_trials_and_it_shrinks_after(autoscaling_head, tmp_path):
     """Two concurrent trials of 2 learners each: their placement groups (a driver bundle on the
     head's CPUs, a GPU bundle per learner) grow the cluster; the sweep finishes; nodes go after."""
     import ray
 
     sweep = {"name": "grow", "method": "random", "trials": 2, "max_concurrent": 2, "learners": 2,
              "driver_cpus": 0.5, "budget": {"max": 1, "min": 1},
-             "job": {"name": "grow", "seed": 0, "group": {"kind": "gossip"},
-                     "data": {"train": str(corpus / "train.jsonl"), "dev": str(corpus / "dev.jsonl"),
-                              "max_batch_seconds": 20}, "model": SMALL_MODEL},
-             "space": {"optim.lr": {"type": "float", "low": 1e-3, "high": 1e-2, "log": True}}}
+             "job": {**{k: v for k, v in linear_spec(raw=True).items() if k != "budget"},
+                     "name": "grow", "group": {"kind": "gossip"}},
+             "space": {"optim.lr": {"type": "float", "low": 0.05, "high": 0.5, "log": True}}}
     path = tmp_path / "sweep.yaml"
     path.write_text(yaml.safe_dump(sweep))
     seen_gpu_nodes = set()
@@ -216,29 +228,25 @@ def node_processes(node_id: str) -> list[int]:
     return found
 
 
-def test_a_worker_node_lost_under_a_job_is_replaced_and_a_learner_joins_there(one_node_per_type_head, corpus,
-                                                                              tmp_path):
+def test_a_worker_node_lost_under_a_job_is_replaced_and_a_learner_joins_there(one_node_per_type_head, tmp_path):
     """A spot loss: every process of one worker node is killed under a running job. The job
     goes on with the learners it has, the autoscaler replaces the node (at most one per type: no
     spare node can take the learner instead), and a learner joins on the new node."""
-    autoscaling_head = one_node_per_type_head
-    out = tmp_path / "run"
-    spec = job_spec(tmp_path, corpus, "spot", learners={"min": 1, "max": 2},
-                    budget={"epochs": 1000, "wall_seconds": 120, "eval_every_seconds": 10})
-    proc = start_train(spec, out, autoscaling_head)
-    wait_until(lambda: sum(e["kind"] == "join" for e in events(out)) >= 2, 180, "2 learners joined", proc)
-    joins = [e for e in events(out) if e["kind"] == "join"]
-    victim = joins[0]["node"]  # a node that hosts a learner (the autoscaler may have launched an idle one too)
+    job, thread = start_job(job_spec("spot", learners={"min": 1, "max": 2}), tmp_path / "run")
+    wait_until(lambda: len(joins(job)) >= 2, 180, "2 learners joined", thread)
+    victim = joins(job)[0]["node"]  # a node that hosts a learner (the autoscaler may have launched an idle one too)
     nodes_before = {n["NodeID"] for n in workers()}
     pids = node_processes(victim)
     assert pids, "found no process of the node to kill"
     for pid in pids:
         os.kill(pid, signal.SIGKILL)
     lost_at = time.time()
-    wait_until(lambda: any(e["kind"] == "failure" for e in events(out)), 60, "the learner's loss", proc)
-    wait_until(lambda: [e for e in events(out) if e["kind"] == "join" and e["node"] not in nodes_before], 180,
-               "a learner joining on a node launched after the loss", proc)
+    wait_until(lambda: any(e["kind"] == "failure" for e in job.events.recorded), 60, "the learner's loss", thread)
+    newcomer = wait_until(lambda: [e for e in joins(job) if e["node"] not in nodes_before], 180,
+                          "a learner joining on a node launched after the loss", thread)[0]["learner"]
     rejoined_s = time.time() - lost_at
-    summary = finish(proc)
+    wait_until(lambda: [r for r in job.recoveries if r["cause"] == "join" and r["learner"] == newcomer
+                        and r["stepping_at"]], 60, "the newcomer stepping in the group", thread)
+    summary = stop_job(job, thread)
     assert summary["events"]["failure"] >= 1 and summary["learners"] == 2, summary
     print(f"\nspot loss: a learner joined on the replacement node {rejoined_s:.1f}s after the kill")
