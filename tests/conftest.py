@@ -236,6 +236,24 @@ def pytest_collection_modifyitems(config, items):
     if wrong:
         raise pytest.UsageError(f"every test needs exactly one of the markers {', '.join(TIERS)}; "
                                 f"{len(wrong)} test(s) do not:\n  " + "\n  ".join(wrong))
+    _heaviest_files_first(items)
+
+
+TIER_WEIGHT = {"slow": 30.0, "ray": 5.0, "unit": 0.1}  # rough seconds per test of each tier
+OWN_PROCESS_WEIGHT = 20.0  # ... plus a process and a private cluster of its own
+
+
+def _heaviest_files_first(items) -> None:
+    """Files with the most expected time first (by their tests' tiers), each file's tests in
+    their own order: with pytest-xdist's file-by-file scheduling, the longest files start first
+    and the short ones fill the gaps, instead of a long file starting last on one worker."""
+    weight: dict[str, float] = {}
+    for item in items:
+        tier = next(m.name for m in item.iter_markers() if m.name in TIERS)
+        cost = TIER_WEIGHT[tier] + (OWN_PROCESS_WEIGHT if item.get_closest_marker("own_process") else 0.0)
+        weight[item.nodeid.split("::")[0]] = weight.get(item.nodeid.split("::")[0], 0.0) + cost
+    order = {id(item): i for i, item in enumerate(items)}
+    items.sort(key=lambda item: (-weight[item.nodeid.split("::")[0]], order[id(item)]))
 
 
 # -- shared builders ------------------------------------------------------------------------------
