@@ -25,6 +25,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from jobs.data import DataError, shard_batches
+from jobs.workload import load_model_state, model_state
 
 
 class LinearData(BaseModel):
@@ -164,18 +165,8 @@ class LinearWorkload:
         loss = torch.nn.functional.cross_entropy(logits, y.to(device)).item()
         return {"wer": 100.0 * wrong, "loss": loss, "utterances": len(y), "skipped": 0}
 
-    @staticmethod
-    def state_dict(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> dict:
-        state = {"model": model.state_dict()}
-        if optimizer is not None:
-            state["optimizer"] = optimizer.state_dict()
-        return state
-
-    @staticmethod
-    def load_state_dict(state: dict, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> None:
-        model.load_state_dict(state["model"])
-        if optimizer is not None and "optimizer" in state:
-            optimizer.load_state_dict(state["optimizer"])
+    state_dict = staticmethod(model_state)
+    load_state_dict = staticmethod(load_model_state)
 
     def new_skips(self) -> dict[str, str]:
         return {}

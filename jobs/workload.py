@@ -170,6 +170,21 @@ class ShardBatches:
                             f"read on host {socket.gethostname()} ({self.corpus.skipped.describe()})")
 
 
+def model_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> dict:
+    """A model's (and optimizer's) state, as a workload's `state_dict` returns it."""
+    state = {"model": model.state_dict()}
+    if optimizer is not None:
+        state["optimizer"] = optimizer.state_dict()
+    return state
+
+
+def load_model_state(state: dict, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> None:
+    """`model_state`'s inverse (the optimizer's part only when both are there)."""
+    model.load_state_dict(state["model"])
+    if optimizer is not None and "optimizer" in state:
+        optimizer.load_state_dict(state["optimizer"])
+
+
 class AsrWorkload:
     """Character-CTC speech recognition on one corpus; the orchestrator's only view of speech
     (it implements `orchestrator.workload.Workload`, registered as `asr`)."""
@@ -312,18 +327,8 @@ class AsrWorkload:
     def skipped(self) -> SkipReport:
         return self.train.skipped
 
-    @staticmethod
-    def state_dict(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> dict:
-        state = {"model": model.state_dict()}
-        if optimizer is not None:
-            state["optimizer"] = optimizer.state_dict()
-        return state
-
-    @staticmethod
-    def load_state_dict(state: dict, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> None:
-        model.load_state_dict(state["model"])
-        if optimizer is not None and "optimizer" in state:
-            optimizer.load_state_dict(state["optimizer"])
+    state_dict = staticmethod(model_state)
+    load_state_dict = staticmethod(load_model_state)
 
 
 def _device_of(model: torch.nn.Module) -> torch.device:

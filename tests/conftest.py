@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -313,6 +314,34 @@ def stub_corpus(tmp_path) -> Path:
         (root / key.replace("_", "-")).mkdir(parents=True)
         (root / manifest).write_text('{"audio_filepath": "none.flac", "duration": 1.0, "text": "go"}\n')
     return root
+
+
+def run_in_thread(job) -> threading.Thread:
+    """Run a `TrainingJob` in a daemon thread; `thread.outcome` gets its summary, or the error that
+    escaped it (with its traceback)."""
+    outcome = {}
+
+    def run():
+        try:
+            outcome["summary"] = job.run()
+        except BaseException as exc:  # noqa: BLE001 - the test asserts none escapes
+            import traceback
+
+            outcome["error"] = f"{exc!r}\n{traceback.format_exc()}"
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.outcome = outcome
+    thread.start()
+    return thread
+
+
+def stop_job(job, thread: threading.Thread, timeout: float = 120) -> dict:
+    """Stop a job run by `run_in_thread`; its summary (it must end on its own, no error escaping)."""
+    job.stop()
+    thread.join(timeout=timeout)
+    assert not thread.is_alive(), "the job did not stop"
+    assert "error" not in thread.outcome, thread.outcome["error"]
+    return thread.outcome["summary"]
 
 
 def run_cli(*args: str, entry_point: bool = False, **kwargs) -> subprocess.CompletedProcess:

@@ -15,7 +15,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -24,7 +23,7 @@ import yaml
 
 from orchestrator.job import TrainingJob
 from orchestrator.local_head import HeadNode
-from tests.conftest import linear_spec
+from tests.conftest import linear_spec, run_in_thread, stop_job
 
 ROOT = Path(__file__).resolve().parents[2]
 IDLE_TIMEOUT_S = 15.0  # the test clusters' idle timeout (cluster.yaml's is 10 minutes)
@@ -98,29 +97,9 @@ def job_spec(name: str, **extra):
 
 
 def start_job(spec, out: Path):
-    """The job, run by this process (the test's driver, on the head) in a thread; the thread's
-    `outcome` gets its summary or the error that escaped."""
-    job, outcome = TrainingJob(spec, out), {}
-
-    def run():
-        try:
-            outcome["summary"] = job.run()
-        except BaseException as exc:  # noqa: BLE001 - the test asserts none escapes
-            outcome["error"] = repr(exc)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.outcome = outcome
-    thread.start()
-    return job, thread
-
-
-def stop_job(job, thread) -> dict:
-    """Stop the job once the test has seen what it waits for; its summary."""
-    job.stop()
-    thread.join(timeout=120)
-    assert not thread.is_alive(), "the job did not stop"
-    assert "error" not in thread.outcome, thread.outcome["error"]
-    return thread.outcome["summary"]
+    """The job, run by this process (the test's driver, on the head) in a thread."""
+    job = TrainingJob(spec, out)
+    return job, run_in_thread(job)
 
 
 def joins(job) -> list[dict]:

@@ -53,7 +53,14 @@ from pathlib import Path  # noqa: E402
 from orchestrator.config import parse_spec  # noqa: E402
 from orchestrator.job import TrainingJob  # noqa: E402
 from orchestrator.runtime import fetch  # noqa: E402
-from tests.conftest import assert_nothing_left, leftovers_of, linear_spec, run_cli  # noqa: E402
+from tests.conftest import (  # noqa: E402
+    assert_nothing_left,
+    leftovers_of,
+    linear_spec,
+    run_cli,
+    run_in_thread,
+    stop_job,
+)
 
 # the tiny linear workload (tests/conftest.py `linear_spec`): these tests are about orchestration
 LINEAR = {k: v for k, v in linear_spec(raw=True).items() if k in ("workload", "data", "optim")}
@@ -80,24 +87,6 @@ def _wait_for(what: str, condition, job_thread, timeout: float = 120.0):
         time.sleep(0.2)
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
 
-def _start(job: TrainingJob) -> threading.Thread:
-    """Run `job` in a thread; `thread.outcome` gets its summary or the error that escaped."""
-    outcome = {}
-
-    def run():
-        try:
-            outcome["summary"] = job.run()
-        except BaseException as exc:  # noqa: BLE001 - the test asserts none escapes
-            import traceback
-
-            outcome["error"] = f"{exc!r}\n{traceback.format_exc()}"
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.outcome = outcome
-    thread.start()
-    return thread
-
-
 @pytest.mark.slow
 @pytest.mark.own_process
 @pytest.mark.parametrize("kind", ["gossip", "allreduce", "hierarchical"])
@@ -110,7 +99,7 @@ def test_chaos_kill_a_learner_lose_a_node_gain_a_node(chaos_cluster, tmp_path, k
         "learner_resources": {"learner_slot": 1}, "group": {"kind": kind},
         **LINEAR, "budget": {"epochs": 10_000, "wall_seconds": 400}})
     job = TrainingJob(spec, tmp_path)
-    thread = _start(job)
+    thread = run_in_thread(job)
     outcome = thread.outcome
     events = lambda kind, **match: [e for e in (job.events.recorded if job.events else [])  # noqa: E731
                                     if e["kind"] == kind and all(e.get(k) == v for k, v in match.items())]
@@ -272,16 +261,8 @@ def _running_job(tmp_path, name: str, kind: str, learners: dict):
         "name": name, "learners": learners, "group": {"kind": kind},
         **LINEAR, "budget": {"epochs": 10_000, "wall_seconds": 300}})
     job = TrainingJob(spec, tmp_path)
-    return job, _start(job), lambda kind: [e for e in (job.events.recorded if job.events else []) if e["kind"] == kind]
-
-
-def _stop(job, thread) -> dict:
-    """Stop the job; its summary (it must end on its own, with no error escaping)."""
-    job.stop()
-    thread.join(timeout=120)
-    assert not thread.is_alive(), "the job did not stop"
-    assert "error" not in thread.outcome, thread.outcome["error"]
-    return thread.outcome["summary"]
+    events = lambda kind: [e for e in (job.events.recorded if job.events else []) if e["kind"] == kind]  # noqa: E731
+    return job, run_in_thread(job), events
 
 
 @pytest.mark.ray
@@ -302,7 +283,7 @@ def test_a_stuck_learner_is_killed_dropped_and_replaced(ray_session, tmp_path, k
     _wait_for("a replacement joining", lambda: [e for e in events("join") if e["learner"] == 2], thread)
     _wait_for("the group stepping with it", lambda: [r for r in job.recoveries if r["cause"] == "join"
                                                      and r["learner"] == 2 and r["stepping_at"]], thread)
-    assert _stop(job, thread)["learners"] == 2
+    assert stop_job(job, thread)["learners"] == 2
 
 
 @pytest.mark.slow
@@ -321,7 +302,7 @@ def test_rank_0_dying_while_the_group_re_forms_drops_only_it(ray_session, tmp_pa
     _wait_for("both failures", lambda: {e["learner"] for e in events("failure")} >= {rank0, victim}, thread, 90)
     _wait_for("two newcomers stepping", lambda: len([r for r in job.recoveries if r["cause"] == "join"
                                                      and r["stepping_at"]]) == 2, thread)
-    summary = _stop(job, thread)
+    summary = stop_job(job, thread)
     assert {e["learner"] for e in events("failure")} == {rank0, victim}, events("failure")
     assert healthy not in {e["learner"] for e in events("leave")}
     assert summary["learners"] == 3
@@ -371,7 +352,7 @@ def _chaos_job(tmp_path, name: str, kind: str) -> tuple[TrainingJob, threading.T
         "group": {"kind": kind}, **LINEAR,
         "budget": {"epochs": 10_000, "wall_seconds": 300, "eval_every_seconds": 5}})
     job = TrainingJob(spec, tmp_path)
-    return job, _start(job)
+    return job, run_in_thread(job)
 
 
 def _events(job, kind: str) -> list[dict]:
@@ -409,7 +390,7 @@ def test_a_drained_nodes_learners_leave_the_group_cleanly(chaos_cluster, tmp_pat
         assert all(e["kept_by"] is not None for e in drains), drains
     _wait_for("the group stepping again", lambda: [r for r in job.recoveries if r["cause"] == "drain"
                                                   and r["stepping_at"]], thread, timeout=90)
-    summary = _stop(job, thread)
+    summary = stop_job(job, thread)
     assert summary["events"].get("failure", 0) == 0, summary["events"]
     later = [e for e in _events(job, "join") if e["learner"] not in joined]
     assert all(e["node"] != victim for e in later), later  # no slot asked for again lands on the drained node
@@ -430,5 +411,5 @@ def test_a_learner_sent_sigterm_leaves_gracefully(chaos_cluster, tmp_path):
     drain = _wait_for("the learner to leave", lambda: _events(job, "drain"), thread, timeout=60)[0]
     assert drain["learner"] == victim["learner"] and drain["reason"] == "SIGTERM" and drain["kept_by"] is not None
     _wait_for("a replacement joining", lambda: len(_events(job, "join")) == 3, thread, timeout=90)
-    summary = _stop(job, thread)
+    summary = stop_job(job, thread)
     assert summary["events"].get("failure", 0) == 0, summary["events"]
