@@ -183,7 +183,8 @@ def ray_train_loop(config: dict) -> None:
     import ray.train.torch
     import torch
 
-    from jobs.workload import AsrWorkload, WorkloadConfig
+    from jobs.sections import WorkloadConfig
+    from jobs.workload import AsrWorkload
 
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()

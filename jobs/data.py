@@ -24,47 +24,10 @@ import numpy as np
 import soundfile as sf
 import torch
 import torchaudio
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 SAMPLE_RATE = 16_000
 log = logging.getLogger("chorus.data")
 _reported: set[tuple[str, str]] = set()
-
-
-class DataConfig(BaseModel):
-    """Args:
-    train, dev, test, test_unseen: a `.jsonl` manifest or a LibriSpeech-layout directory each;
-        all but `train` may be left out.
-    max_batch_seconds: padded audio seconds per batch (utterances x longest in the batch).
-    max_utterance_seconds: a longer utterance is skipped (counted, never loaded), which bounds
-        the memory one utterance takes.
-    """
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-    train: Path
-    dev: Path | None = None
-    test: Path | None = None
-    test_unseen: Path | None = None
-    max_batch_seconds: float = 60.0
-    max_utterance_seconds: float = Field(60.0, gt=0)
-
-    @field_validator("train", "dev", "test", "test_unseen")
-    @classmethod
-    def _exists(cls, path: Path | None, info: ValidationInfo) -> Path | None:
-        if path is None or not (info.context or {}).get("check_paths", True):  # paths of another machine
-            return path
-        if not path.exists():
-            raise ValueError(f"no such manifest or directory: '{path}'")
-        if path.is_file() and path.suffix != ".jsonl":
-            raise ValueError(f"'{path}' is neither a .jsonl manifest nor a LibriSpeech-layout directory")
-        return path
-
-    @field_validator("max_batch_seconds")
-    @classmethod
-    def _positive(cls, v: float) -> float:
-        if v <= 0:
-            raise ValueError("must be > 0")
-        return v
 
 
 @dataclass(frozen=True)

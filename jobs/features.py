@@ -5,25 +5,10 @@ from __future__ import annotations
 
 import torch
 import torchaudio
-from pydantic import BaseModel, ConfigDict, Field
+
+from jobs.sections import FeatureConfig
 
 SAMPLE_RATE = 16_000
-
-
-class FeatureConfig(BaseModel):
-    """Args:
-    num_mel_bins: filterbank channels.
-    freq_mask: widest frequency mask (bins) of SpecAugment; 0 turns it off.
-    time_mask: widest time mask (frames) of SpecAugment; 0 turns it off.
-    num_freq_masks, num_time_masks: how many masks of each kind per utterance.
-    """
-
-    model_config = ConfigDict(extra="forbid")
-    num_mel_bins: int = Field(80, ge=8, le=256)
-    freq_mask: int = Field(15, ge=0)
-    time_mask: int = Field(20, ge=0)
-    num_freq_masks: int = Field(2, ge=0)
-    num_time_masks: int = Field(2, ge=0)
 
 
 class Fbank:

@@ -22,55 +22,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 
 from jobs.data import DataError, shard_batches
+from jobs.sections import LinearConfig
 from jobs.workload import load_model_state, model_state
-
-
-class LinearData(BaseModel):
-    """Args:
-    samples: training samples (eval splits have a quarter as many each).
-    features: input dimensions.
-    classes: output classes.
-    batch_size: samples per batch (of one learner, with equal shares).
-    eval_splits: which of `dev`, `test`, `test_unseen` exist.
-    compute_seconds: each batch's loss takes at least this long (sleeping, not computing): a
-        stand-in for a real model's step time, so orchestration tests have steps of a realistic
-        length without loading a busy machine.
-    """
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-    samples: int = Field(512, ge=1)
-    features: int = Field(16, ge=1)
-    classes: int = Field(4, ge=2)
-    batch_size: int = Field(16, ge=1)
-    eval_splits: list[str] = Field(default_factory=lambda: ["dev", "test"])
-    compute_seconds: float = Field(0.0, ge=0)
-
-
-class LinearOptim(BaseModel):
-    """Args:
-    lr: SGD's learning rate.
-    max_rollbacks: rollbacks of a non-finite loss before the job gives up.
-    """
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-    lr: float = Field(0.1, gt=0)
-    max_rollbacks: int = Field(3, ge=0)
-
-
-class LinearConfig(BaseModel):
-    """The linear workload's part of a job spec (`workload: linear`).
-
-    Args:
-        data: the random samples, their batches and the simulated step time.
-        optim: SGD's rate and the rollbacks of a non-finite loss.
-    """
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-    data: LinearData = LinearData()
-    optim: LinearOptim = LinearOptim()
 
 
 @dataclass

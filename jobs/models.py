@@ -7,36 +7,12 @@ torchaudio's Conformer.
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 from torchaudio.models import Conformer
 
-
-class ModelConfig(BaseModel):
-    """Args:
-    kind: `bilstm_ctc` or `conformer_ctc`.
-    subsample_channels: channels of the two stride-2 convolutions.
-    d_model: width after subsampling (the LSTM input, or the Conformer's model width).
-    hidden: LSTM hidden size per direction (bilstm_ctc).
-    layers: LSTM layers or Conformer blocks.
-    heads, ffn_dim, conv_kernel: Conformer attention heads, feed-forward width, depthwise kernel.
-    dropout: dropout inside the encoder.
-    """
-
-    model_config = ConfigDict(extra="forbid")
-    kind: Literal["bilstm_ctc", "conformer_ctc"] = "bilstm_ctc"
-    subsample_channels: int = Field(32, ge=1)
-    d_model: int = Field(144, ge=1)
-    hidden: int = Field(160, ge=1)
-    layers: int = Field(2, ge=1)
-    heads: int = Field(4, ge=1)
-    ffn_dim: int = Field(576, ge=1)
-    conv_kernel: int = Field(15, ge=1)
-    dropout: float = Field(0.1, ge=0.0, lt=1.0)
+from jobs.sections import ModelConfig
 
 
 class ConvSubsampling(nn.Module):

@@ -21,58 +21,16 @@ import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 
-from jobs.data import AudioError, DataConfig, DataError, SkipReport, Utterance, load_audio, read_corpus, shard_batches
+from jobs.data import AudioError, DataError, SkipReport, Utterance, load_audio, read_corpus, shard_batches
 from jobs.decode import greedy_decode
-from jobs.features import Fbank, FeatureConfig, SpecAugment
-from jobs.models import ModelConfig, build_model, ctc_loss
+from jobs.features import Fbank, SpecAugment
+from jobs.models import build_model, ctc_loss
+from jobs.sections import WorkloadConfig
 from jobs.tokenizer import CharTokenizer
 from jobs.wer import word_error_rate
-
-
-class OptimConfig(BaseModel):
-    """Args:
-    lr: peak learning rate of AdamW.
-    weight_decay: AdamW's decoupled weight decay.
-    warmup_steps: linear warm-up from 0 to `lr` over this many optimizer steps.
-    schedule: after warm-up, `cosine` decays to `lr * min_lr_ratio` over the job's budget
-        (epochs or wall seconds, whichever the job reports as progress); `constant` keeps `lr`.
-    min_lr_ratio: the floor of the cosine schedule, as a fraction of `lr`.
-    grad_clip: clip the global gradient norm to this (0 turns clipping off).
-    max_rollbacks: when the training loss turns NaN or infinite, the job rolls every learner back
-        to its last checkpoint and halves the learning rate, at most this many times; then it
-        stops with an error (0: stop at the first non-finite loss).
-    """
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-    lr: float = Field(2e-3, gt=0)
-    weight_decay: float = Field(1e-2, ge=0)
-    warmup_steps: int = Field(100, ge=0)
-    schedule: Literal["cosine", "constant"] = "cosine"
-    min_lr_ratio: float = Field(0.05, ge=0, le=1)
-    grad_clip: float = Field(5.0, ge=0)
-    max_rollbacks: int = Field(3, ge=0)
-
-
-class WorkloadConfig(BaseModel):
-    """The ASR workload's part of a job spec (`workload: asr`, the default).
-
-    Args:
-        data: the corpus's splits and how batches are cut.
-        features: log-mel filterbanks and SpecAugment.
-        model: the recognizer (BiLSTM or Conformer, CTC).
-        optim: AdamW, its schedule, clipping and rollbacks.
-    """
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-    data: DataConfig
-    features: FeatureConfig = FeatureConfig()
-    model: ModelConfig = ModelConfig()
-    optim: OptimConfig = OptimConfig()
 
 
 @dataclass

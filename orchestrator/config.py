@@ -23,7 +23,7 @@ from pydantic import (
     model_validator,
 )
 
-from orchestrator.workload import workload_class
+from orchestrator.workload import workload_config
 
 
 class SpecError(ValueError):
@@ -195,7 +195,7 @@ class JobSpec(BaseModel):
         if not isinstance(raw, dict) or "workload_config" in raw:
             return raw
         try:
-            fields = workload_class(raw.get("workload", "asr")).Config.model_fields
+            fields = workload_config(raw.get("workload", "asr")).model_fields
         except (KeyError, TypeError):
             return raw  # `workload`'s own check names it
         raw = dict(raw)
@@ -206,7 +206,7 @@ class JobSpec(BaseModel):
     @classmethod
     def _known_workload(cls, name: str) -> str:
         try:
-            workload_class(name)
+            workload_config(name)
         except KeyError as exc:
             raise ValueError(exc.args[0]) from None
         return name
@@ -216,7 +216,7 @@ class JobSpec(BaseModel):
     def _workload_section(cls, value: Any, info: ValidationInfo) -> BaseModel:
         if "workload" not in info.data:
             raise ValueError("no sections of an unknown workload")
-        config = workload_class(info.data["workload"]).Config
+        config = workload_config(info.data["workload"])
         return value if isinstance(value, config) else config.model_validate(value, context=info.context)
 
     @model_serializer(mode="wrap")

@@ -20,14 +20,19 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Iterable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import torch
 from pydantic import BaseModel
 
+if TYPE_CHECKING:
+    import torch
+
+# each workload's class, and its spec section (`config`: a pydantic model in a module that imports
+# no torch, so validating a spec does not load the workload)
 REGISTRY: dict[str, dict[str, str]] = {
-    "asr": {"workload": "jobs.workload:AsrWorkload", "synthesize": "jobs.synth:synthesize"},
-    "linear": {"workload": "jobs.linear:LinearWorkload"},
+    "asr": {"workload": "jobs.workload:AsrWorkload", "config": "jobs.sections:WorkloadConfig",
+            "synthesize": "jobs.synth:synthesize"},
+    "linear": {"workload": "jobs.linear:LinearWorkload", "config": "jobs.sections:LinearConfig"},
 }
 EVAL_SPLITS = ("dev", "test", "test_unseen")  # `evaluate`'s splits: dev while training, the others at the end
 
@@ -105,6 +110,12 @@ def workload_class(name: str) -> type[Workload]:
     return _load(name, "workload")
 
 
+def workload_config(name: str) -> type[BaseModel]:
+    """The spec section of the workload called `name` (its class's `Config`), without importing
+    the workload where the registry names the section's own module."""
+    return _load(name, "config") if "config" in REGISTRY.get(name, {}) else workload_class(name).Config
+
+
 def workload_part(name: str, part: str) -> Any:
     """Another registered part of a workload (e.g. `asr`'s `synthesize` for `chorus synth`)."""
     return _load(name, part)
@@ -117,5 +128,6 @@ def build_workload(name: str, config: dict | BaseModel, seed: int) -> Workload:
 
 
 def register(name: str, workload: str, **parts: str) -> None:
-    """Add a workload: `workload` is `module:Class`; it must be importable on every node."""
+    """Add a workload: `workload` is `module:Class`; it must be importable on every node. A
+    `config="module:Model"` part names its spec section where that module is lighter to import."""
     REGISTRY[name] = {"workload": workload, **parts}

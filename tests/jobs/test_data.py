@@ -161,7 +161,8 @@ def test_skip_report_logs_each_path_once(caplog):
 
 
 def test_features_shape_normalization_and_specaugment_only_in_training(corpus):
-    from jobs.features import FeatureConfig, SpecAugment
+    from jobs.features import SpecAugment
+    from jobs.sections import FeatureConfig
 
     utts, _ = read_corpus(corpus / "dev.jsonl")
     feats = Fbank(80)(load_audio(utts[0].path))
@@ -200,7 +201,8 @@ def test_lines_that_are_not_utf8_are_skipped_and_counted_with_file_and_line(corp
 
 
 def test_an_utterance_longer_than_the_limit_is_skipped_without_loading_it(tmp_path, monkeypatch, caplog):
-    from jobs.data import AudioError, DataConfig
+    from jobs.data import AudioError
+    from jobs.sections import DataConfig
 
     assert DataConfig(train=tmp_path).max_utterance_seconds == 60.0
     long = tmp_path / "two-hours.flac"

@@ -4,7 +4,8 @@ protocol, learns, shards exactly like the ASR workload and is reproducible."""
 import pytest
 import torch
 
-from jobs.linear import LinearConfig, LinearWorkload
+from jobs.linear import LinearWorkload
+from jobs.sections import LinearConfig
 from orchestrator.workload import build_workload, workload_class
 
 pytestmark = pytest.mark.unit

@@ -2,7 +2,8 @@ import pytest
 import torch
 
 from jobs.decode import greedy_decode
-from jobs.models import ModelConfig, build_model, count_parameters, ctc_loss
+from jobs.models import build_model, count_parameters, ctc_loss
+from jobs.sections import ModelConfig
 from jobs.tokenizer import CharTokenizer
 from jobs.wer import word_error_rate
 

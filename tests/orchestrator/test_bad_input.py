@@ -14,7 +14,8 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from jobs.workload import AsrWorkload, WorkloadConfig
+from jobs.sections import WorkloadConfig
+from jobs.workload import AsrWorkload
 from orchestrator.job import TrainingJob
 from tests.conftest import make_spec, run_cli
 

@@ -1,0 +1,174 @@
+"""The job spec's sections that each workload owns, as pydantic models: `WorkloadConfig` (the
+`asr` workload's `data`, `features`, `model`, `optim`) and `LinearConfig` (the `linear`
+workload's `data`, `optim`). They import neither torch nor the workloads, so a spec validates
+(`chorus submit`, `chorus jobs ...`, the docs generator) in a process that never trains; the
+workloads (`jobs/workload.py`, `jobs/linear.py`) read them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+
+
+class DataConfig(BaseModel):
+    """Args:
+    train, dev, test, test_unseen: a `.jsonl` manifest or a LibriSpeech-layout directory each;
+        all but `train` may be left out.
+    max_batch_seconds: padded audio seconds per batch (utterances x longest in the batch).
+    max_utterance_seconds: a longer utterance is skipped (counted, never loaded), which bounds
+        the memory one utterance takes.
+    """
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    train: Path
+    dev: Path | None = None
+    test: Path | None = None
+    test_unseen: Path | None = None
+    max_batch_seconds: float = 60.0
+    max_utterance_seconds: float = Field(60.0, gt=0)
+
+    @field_validator("train", "dev", "test", "test_unseen")
+    @classmethod
+    def _exists(cls, path: Path | None, info: ValidationInfo) -> Path | None:
+        if path is None or not (info.context or {}).get("check_paths", True):  # paths of another machine
+            return path
+        if not path.exists():
+            raise ValueError(f"no such manifest or directory: '{path}'")
+        if path.is_file() and path.suffix != ".jsonl":
+            raise ValueError(f"'{path}' is neither a .jsonl manifest nor a LibriSpeech-layout directory")
+        return path
+
+    @field_validator("max_batch_seconds")
+    @classmethod
+    def _positive(cls, v: float) -> float:
+        if v <= 0:
+            raise ValueError("must be > 0")
+        return v
+
+
+class FeatureConfig(BaseModel):
+    """Args:
+    num_mel_bins: filterbank channels.
+    freq_mask: widest frequency mask (bins) of SpecAugment; 0 turns it off.
+    time_mask: widest time mask (frames) of SpecAugment; 0 turns it off.
+    num_freq_masks, num_time_masks: how many masks of each kind per utterance.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    num_mel_bins: int = Field(80, ge=8, le=256)
+    freq_mask: int = Field(15, ge=0)
+    time_mask: int = Field(20, ge=0)
+    num_freq_masks: int = Field(2, ge=0)
+    num_time_masks: int = Field(2, ge=0)
+
+
+class ModelConfig(BaseModel):
+    """Args:
+    kind: `bilstm_ctc` or `conformer_ctc`.
+    subsample_channels: channels of the two stride-2 convolutions.
+    d_model: width after subsampling (the LSTM input, or the Conformer's model width).
+    hidden: LSTM hidden size per direction (bilstm_ctc).
+    layers: LSTM layers or Conformer blocks.
+    heads, ffn_dim, conv_kernel: Conformer attention heads, feed-forward width, depthwise kernel.
+    dropout: dropout inside the encoder.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["bilstm_ctc", "conformer_ctc"] = "bilstm_ctc"
+    subsample_channels: int = Field(32, ge=1)
+    d_model: int = Field(144, ge=1)
+    hidden: int = Field(160, ge=1)
+    layers: int = Field(2, ge=1)
+    heads: int = Field(4, ge=1)
+    ffn_dim: int = Field(576, ge=1)
+    conv_kernel: int = Field(15, ge=1)
+    dropout: float = Field(0.1, ge=0.0, lt=1.0)
+
+
+class OptimConfig(BaseModel):
+    """Args:
+    lr: peak learning rate of AdamW.
+    weight_decay: AdamW's decoupled weight decay.
+    warmup_steps: linear warm-up from 0 to `lr` over this many optimizer steps.
+    schedule: after warm-up, `cosine` decays to `lr * min_lr_ratio` over the job's budget
+        (epochs or wall seconds, whichever the job reports as progress); `constant` keeps `lr`.
+    min_lr_ratio: the floor of the cosine schedule, as a fraction of `lr`.
+    grad_clip: clip the global gradient norm to this (0 turns clipping off).
+    max_rollbacks: when the training loss turns NaN or infinite, the job rolls every learner back
+        to its last checkpoint and halves the learning rate, at most this many times; then it
+        stops with an error (0: stop at the first non-finite loss).
+    """
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    lr: float = Field(2e-3, gt=0)
+    weight_decay: float = Field(1e-2, ge=0)
+    warmup_steps: int = Field(100, ge=0)
+    schedule: Literal["cosine", "constant"] = "cosine"
+    min_lr_ratio: float = Field(0.05, ge=0, le=1)
+    grad_clip: float = Field(5.0, ge=0)
+    max_rollbacks: int = Field(3, ge=0)
+
+
+class WorkloadConfig(BaseModel):
+    """The ASR workload's part of a job spec (`workload: asr`, the default).
+
+    Args:
+        data: the corpus's splits and how batches are cut.
+        features: log-mel filterbanks and SpecAugment.
+        model: the recognizer (BiLSTM or Conformer, CTC).
+        optim: AdamW, its schedule, clipping and rollbacks.
+    """
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    data: DataConfig
+    features: FeatureConfig = FeatureConfig()
+    model: ModelConfig = ModelConfig()
+    optim: OptimConfig = OptimConfig()
+
+
+class LinearData(BaseModel):
+    """Args:
+    samples: training samples (eval splits have a quarter as many each).
+    features: input dimensions.
+    classes: output classes.
+    batch_size: samples per batch (of one learner, with equal shares).
+    eval_splits: which of `dev`, `test`, `test_unseen` exist.
+    compute_seconds: each batch's loss takes at least this long (sleeping, not computing): a
+        stand-in for a real model's step time, so orchestration tests have steps of a realistic
+        length without loading a busy machine.
+    """
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    samples: int = Field(512, ge=1)
+    features: int = Field(16, ge=1)
+    classes: int = Field(4, ge=2)
+    batch_size: int = Field(16, ge=1)
+    eval_splits: list[str] = Field(default_factory=lambda: ["dev", "test"])
+    compute_seconds: float = Field(0.0, ge=0)
+
+
+class LinearOptim(BaseModel):
+    """Args:
+    lr: SGD's learning rate.
+    max_rollbacks: rollbacks of a non-finite loss before the job gives up.
+    """
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    lr: float = Field(0.1, gt=0)
+    max_rollbacks: int = Field(3, ge=0)
+
+
+class LinearConfig(BaseModel):
+    """The linear workload's part of a job spec (`workload: linear`).
+
+    Args:
+        data: the random samples, their batches and the simulated step time.
+        optim: SGD's rate and the rollbacks of a non-finite loss.
+    """
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    data: LinearData = LinearData()
+    optim: LinearOptim = LinearOptim()
