@@ -216,6 +216,15 @@ def check_voices(voices: list[str]) -> None:
         raise EspeakError(f"espeak-ng voices not found: {', '.join(missing)}")
 
 
+def _pool_context():
+    """Processes forked from a forkserver that has this module loaded: cheap to start, and safe
+    in a caller that runs threads (a plain fork copies their locks mid-use: a child forked from a
+    process with Ray's threads hung, and the pool with it)."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload([__name__])
+    return ctx
+
+
 def synthesize(out: str | Path, utterances: int = 2000, eval_utterances: int | None = None,
                seed: int = 0, workers: int | None = None, progress: bool = True) -> dict:
     """Write the corpus under `out`; returns a summary (counts and hours per split, voices).
@@ -233,7 +242,7 @@ def synthesize(out: str | Path, utterances: int = 2000, eval_utterances: int | N
     workers = workers or min(mp.cpu_count(), 8)
     durations: dict[str, float] = {}
     jobs = [(plans[i:i + CHUNK], str(out)) for i in range(0, len(plans), CHUNK)]
-    with mp.get_context("fork").Pool(workers, maxtasksperchild=1) as pool, \
+    with _pool_context().Pool(workers, maxtasksperchild=1) as pool, \
             tqdm(total=len(plans), desc=f"synth {out.name}", unit="utt", disable=not progress) as bar:
         for written in pool.imap_unordered(_write_chunk, jobs):
             durations.update(written)
