@@ -33,9 +33,12 @@ class HeadNode:
     autoscaling (a cluster config's `available_node_types`, `head_node_type` and limits: the head
     then runs Ray's autoscaler with its `fake_multinode` provider, which launches and terminates
     real raylets on this machine as the cluster's demand asks; see `fake_cluster_config`),
-    env (more environment for the head's processes, e.g. the autoscaler's settings)."""
+    env (more environment for the head's processes, e.g. the autoscaler's settings),
+    dashboard (run Ray's dashboard, which also serves the Jobs API and writes the Prometheus
+    config; a head for the autoscaler alone does without its dozen processes)."""
 
-    def __init__(self, cpus: int = 3, token: bool = True, autoscaling: dict | None = None, env: dict | None = None):
+    def __init__(self, cpus: int = 3, token: bool = True, autoscaling: dict | None = None, env: dict | None = None,
+                 dashboard: bool = True):
         self.temp_dir = Path(tempfile.mkdtemp(prefix="chorus-head-", dir="/tmp"))  # short: Ray's socket paths
         self.token_file = self.temp_dir / "auth_token"
         self.env = {**os.environ, "PATH": f"{BIN}:{os.environ.get('PATH', '')}", "RAY_AUTH_MODE": "disabled",
@@ -48,7 +51,7 @@ class HeadNode:
         self.gcs_port = free_port()
         command = [str(BIN / "ray"), "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(self.gcs_port),
                    "--dashboard-host", "127.0.0.1", "--dashboard-port", str(self.dashboard_port),
-                   "--include-dashboard", "true", "--ray-client-server-port", str(free_port()),
+                   "--include-dashboard", str(dashboard).lower(), "--ray-client-server-port", str(free_port()),
                    # not Ray's default 52365: another Ray node on this machine may hold it, and a job
                    # agent that cannot listen takes no job ("No available agent to submit job")
                    "--dashboard-agent-listen-port", str(free_port()),
@@ -68,6 +71,13 @@ class HeadNode:
     @property
     def session_dir(self) -> Path:
         return (self.temp_dir / "session_latest").resolve()
+
+    @staticmethod
+    def _is_gcs(pid: int) -> bool:
+        try:
+            return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].endswith(b"/gcs_server")
+        except OSError:
+            return False
 
     def pids(self) -> list[int]:
         """The head's processes: those started with its temp dir or its GCS address in their
@@ -97,18 +107,21 @@ class HeadNode:
         return sorted(found)
 
     def stop(self) -> None:
-        """SIGTERM to every process of the head, SIGKILL to what is left after 10 s."""
-        for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
-            pids = self.pids()
-            for pid in pids:
-                try:
-                    os.kill(pid, sig)
-                except ProcessLookupError:
-                    pass
-            deadline = time.monotonic() + wait
-            while pids and time.monotonic() < deadline:
-                pids = [pid for pid in pids if Path(f"/proc/{pid}").exists() and not _zombie(pid)]
-                time.sleep(0.1)
+        """SIGTERM to every process of the head but its GCS, then to the GCS, as `ray stop` orders
+        them (a raylet whose GCS went first waits 10 s for it before it exits, and the GCS then
+        waits for the raylet); SIGKILL to what is left of a wave after 10 s."""
+        for wave in (lambda pid: not self._is_gcs(pid), lambda pid: True):
+            for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+                pids = [pid for pid in self.pids() if wave(pid)]
+                for pid in pids:
+                    try:
+                        os.kill(pid, sig)
+                    except ProcessLookupError:
+                        pass
+                deadline = time.monotonic() + wait
+                while pids and time.monotonic() < deadline:
+                    pids = [pid for pid in pids if Path(f"/proc/{pid}").exists() and not _zombie(pid)]
+                    time.sleep(0.1)
         shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
