@@ -30,11 +30,11 @@ test-deps:
 	  ($$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq prometheus) \
 	    >/dev/null 2>&1 || echo "make: could not install Debian's prometheus; its test will be skipped"; }
 
-# every tier: unit, ray and slow (pyproject.toml says what each holds), in two pytest-xdist workers
-# (most of the slow tests wait on Ray: nodes starting, failures detected, idle timeouts); a test
-# file runs whole in one worker, so the tests that share a module's cluster stay together
+# every tier: unit, ray and slow (pyproject.toml says what each holds), in two pytest-xdist workers,
+# one per core, handed one test at a time, longest first (tests/conftest.py); the tests that share
+# a module's fixtures (a Ray head, an S3 server) are an `xdist_group` that one worker runs whole
 test: $(STAMP) test-deps
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
 
 # the unit tier only, for the edit loop: no Ray cluster, no Ray head (about a minute here)
 test-fast: $(STAMP)

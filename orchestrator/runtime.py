@@ -197,11 +197,12 @@ class LocalRuntime:
     @staticmethod
     def start_learner(job_id: str, learner_id: int, slot, workload: str, workload_config: dict, seed: int,
                       planner, slowdown: float = 1.0):
-        """The learner, in this process: torch uses the slot's CPUs, or all of this machine's."""
-        import os
+        """The learner, in this process: torch uses the slot's CPUs, or torch's default (the
+        machine's cores, or OMP_NUM_THREADS where that is set)."""
+        import torch
 
         cpus = slot.bundle.get("CPU")
-        threads = int(cpus) if cpus else (os.cpu_count() or 1)
+        threads = int(cpus) if cpus else torch.get_num_threads()
         return InProcessLearner(workload, workload_config, seed, learner_id, planner, threads, slowdown)
 
     @staticmethod

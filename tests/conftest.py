@@ -16,6 +16,12 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # explicit, as DESIGN.md asks
+# pytest-xdist's workers share this machine's cores: each worker, and every process it starts (CLI
+# runs, own_process children, in-process learners), gets its share as torch threads. A thread pool
+# the size of the machine in every worker oversubscribes the cores: a one-learner training test
+# took 43 s with two threads and 23 s with one beside two busy processes (12.6 s alone)
+os.environ.setdefault("OMP_NUM_THREADS",
+                      str(max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))))
 
 # every node of a test cluster: metrics reach each node's exporter every second (default 10 s), and
 # a lost node is declared dead within ~3 s (Ray's defaults take ~30 s)
@@ -237,24 +243,44 @@ def pytest_collection_modifyitems(config, items):
     if wrong:
         raise pytest.UsageError(f"every test needs exactly one of the markers {', '.join(TIERS)}; "
                                 f"{len(wrong)} test(s) do not:\n  " + "\n  ".join(wrong))
-    _heaviest_files_first(items)
+    _heaviest_first(items)
+
+
+def pytest_collection_finish(session):
+    """Under `--dist loadgroup`, the tests of an `xdist_group` must reach one worker: pytest-xdist
+    marks them by a suffix of their node ids, which some pytest releases drop (pytest-xdist#1386);
+    their module's fixtures (a Ray head, an S3 server) would then be set up on every worker."""
+    if session.config.getoption("dist", "no") != "loadgroup" or not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    lost = [item.nodeid for item in session.items
+            if item.get_closest_marker("xdist_group") and "@" not in item.nodeid.rpartition("]")[2]]
+    if lost:
+        raise pytest.UsageError(f"pytest-xdist did not group {lost[0]} (and {len(lost) - 1} more) for --dist "
+                                "loadgroup: this pytest drops its group suffix (pytest-xdist#1386)")
 
 
 TIER_WEIGHT = {"slow": 30.0, "ray": 5.0, "unit": 0.1}  # rough seconds per test of each tier
 OWN_PROCESS_WEIGHT = 20.0  # ... plus a process and a private cluster of its own
 
 
-def _heaviest_files_first(items) -> None:
-    """Files with the most expected time first (by their tests' tiers), each file's tests in
-    their own order: with pytest-xdist's file-by-file scheduling, the longest files start first
-    and the short ones fill the gaps, instead of a long file starting last on one worker."""
+def _heaviest_first(items) -> None:
+    """The tests with the most expected time first (by tier), a group's tests together at their
+    group's total: `make test` runs pytest-xdist with `--dist loadgroup`, which hands each worker
+    one test at a time (or a whole `xdist_group`, for tests that share a module's fixtures), so
+    the long ones start first and the short ones fill the gaps at the end."""
+    def cost(item) -> float:
+        tier = next(m.name for m in item.iter_markers() if m.name in TIERS)
+        return TIER_WEIGHT[tier] + (OWN_PROCESS_WEIGHT if item.get_closest_marker("own_process") else 0.0)
+
+    def group(item) -> str:
+        mark = item.get_closest_marker("xdist_group")
+        return f"group:{mark.args[0] if mark.args else mark.kwargs['name']}" if mark else item.nodeid
+
     weight: dict[str, float] = {}
     for item in items:
-        tier = next(m.name for m in item.iter_markers() if m.name in TIERS)
-        cost = TIER_WEIGHT[tier] + (OWN_PROCESS_WEIGHT if item.get_closest_marker("own_process") else 0.0)
-        weight[item.nodeid.split("::")[0]] = weight.get(item.nodeid.split("::")[0], 0.0) + cost
+        weight[group(item)] = weight.get(group(item), 0.0) + cost(item)
     order = {id(item): i for i, item in enumerate(items)}
-    items.sort(key=lambda item: (-weight[item.nodeid.split("::")[0]], order[id(item)]))
+    items.sort(key=lambda item: (-weight[group(item)], group(item), order[id(item)]))
 
 
 # -- shared builders ------------------------------------------------------------------------------

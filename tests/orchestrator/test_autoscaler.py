@@ -54,7 +54,7 @@ def _autoscaling_head(max_per_type: int):
     node; the test's driver is connected."""
     import ray
 
-    head = HeadNode(cpus=2, token=False, autoscaling=cluster_from_yaml(max_per_type=max_per_type),
+    head = HeadNode(cpus=2, token=False, autoscaling=cluster_from_yaml(max_per_type=max_per_type), dashboard=False,
                     env={"AUTOSCALER_HEARTBEAT_TIMEOUT_S": str(HEARTBEAT_TIMEOUT_S)})
     try:
         ray.init(address=f"127.0.0.1:{head.gcs_port}", log_to_driver=False)

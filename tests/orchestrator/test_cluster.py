@@ -17,14 +17,15 @@ import pytest
 
 from orchestrator.dashboards import DASHBOARD, panel_queries
 from orchestrator.local_head import BIN, HeadNode, free_port
-from tests.conftest import run_cli
+from tests.conftest import linear_spec, run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.xdist_group("ray-head")  # one worker runs them all: they share the module's head
 SMALL_MODEL = ["model.subsample_channels=8", "model.d_model=32", "model.hidden=32", "model.layers=1"]
 
 
-def _data(corpus, prefix: str = "") -> list[str]:
-    return [f"{prefix}data.{split.replace('-', '_')}={corpus / f'{split}.jsonl'}"
+def _data(corpus) -> list[str]:
+    return [f"data.{split.replace('-', '_')}={corpus / f'{split}.jsonl'}"
             for split in ("train", "dev", "test", "test-unseen")]
 
 
@@ -77,9 +78,10 @@ def prometheus(head, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def submitted(head, prometheus, corpus, tmp_path_factory):
-    """A 2-learner gossip job and a 2-trial sweep, each submitted with `chorus submit --follow`
-    (with the head's token), one after the other: {"job": ..., "sweep": ...} CompletedProcesses.
-    The job's spec is a copy of tiny.yaml in a folder outside the project: it travels on its own."""
+    """A 2-learner gossip job of tiny.yaml and a 2-trial sweep of the linear workload, each
+    submitted with `chorus submit --follow` (with the head's token), one after the other: {"job":
+    ..., "sweep": ...} CompletedProcesses. Both specs are in folders outside the project (the
+    job's a copy of tiny.yaml): they travel on their own."""
     env = {**head.env, "RAY_AUTH_MODE": "disabled"}  # the client finds the token whatever the mode says
     out = tmp_path_factory.mktemp("submitted")  # "shared storage": the cluster's working dir is temporary
     elsewhere = tmp_path_factory.mktemp("elsewhere") / "my.yaml"
@@ -87,11 +89,13 @@ def submitted(head, prometheus, corpus, tmp_path_factory):
     job = chorus("submit", str(elsewhere), "--address", head.address, "--follow", "--out", str(out / "job"),
                  *_sets(_data(corpus) + SMALL_MODEL + ["learners=2", "group.kind=gossip", "budget.epochs=2",
                                                        "data.max_batch_seconds=20", "optim.warmup_steps=5"]), env=env)
-    sweep = chorus("submit", "search/configs/bohb_tiny.yaml", "--address", head.address, "--follow",
-                   "--out", str(out / "sweep"),
-                   *_sets(_data(corpus, "job.") + [f"job.{s}" for s in SMALL_MODEL] + [
-                       "method=random", "trials=2", "budget.max=1", "budget.min=1", "learners=1",
-                       "driver_cpus=0.5", "cpus_per_learner=0.5", "job.data.max_batch_seconds=20"]), env=env)
+    sweep_spec = tmp_path_factory.mktemp("elsewhere") / "linear_sweep.yaml"
+    sweep_spec.write_text(json.dumps({
+        "name": "linear_sweep", "job": {k: v for k, v in linear_spec(raw=True).items() if k != "budget"},
+        "method": "random", "trials": 2, "budget": {"max": 1, "min": 1}, "learners": 1, "driver_cpus": 0.5,
+        "cpus_per_learner": 0.5, "space": {"optim.lr": {"type": "float", "low": 0.05, "high": 0.5, "log": True}}}))
+    sweep = chorus("submit", str(sweep_spec), "--address", head.address, "--follow", "--out", str(out / "sweep"),
+                   env=env)
     return {"job": job, "sweep": sweep, "env": env, "out": out, "spec": elsewhere}
 
 
@@ -142,7 +146,7 @@ def test_submit_a_job_follow_it_to_success_and_find_its_summary_in_its_logs(head
 def test_submit_a_sweep(submitted):
     sweep = submitted["sweep"]
     assert sweep.returncode == 0, sweep.stdout[-3000:] + sweep.stderr[-3000:]
-    assert sweep.stdout.splitlines()[0].startswith("chorus-sweep-bohb_tiny-")
+    assert sweep.stdout.splitlines()[0].startswith("chorus-sweep-linear_sweep-")
     summary = _summary(sweep.stdout)
     assert summary["trials"] == 2 and summary["best_metric"] is not None
     assert (submitted["out"] / "sweep" / "sweep_summary.json").is_file()
@@ -245,18 +249,21 @@ def _alive_on_head(head, what: str) -> list[dict]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("stopper", ["chorus jobs stop", "ray job stop"])
-def test_a_submitted_job_stopped_by_chorus_or_ray_leaves_nothing_on_the_cluster(head, corpus, tmp_path, stopper):
+def test_a_submitted_job_stopped_by_chorus_or_ray_leaves_nothing_on_the_cluster(head, tmp_path, stopper):
+    """A 2-learner gossip job of the tiny linear workload (this test is about the job's exit, not
+    its speech), stopped once it has evaluated; `ray job stop` then `--resume` continues it."""
     env = {**head.env, "RAY_AUTH_MODE": "disabled"}
-    sets = _sets(_data(corpus) + SMALL_MODEL + ["learners=2", "group.kind=gossip", "data.max_batch_seconds=20"])
-    submitted = chorus("submit", "jobs/configs/tiny.yaml", "--address", head.address, "--out", str(tmp_path / "job"),
-                       *sets, *_sets(["budget.epochs=10000", "budget.wall_seconds=300"]), env=env)
+    spec = tmp_path / "stopped.yaml"
+    spec.write_text(json.dumps(linear_spec(raw=True, name="stopped", learners=2, group={"kind": "gossip"})))
+    submitted = chorus("submit", str(spec), "--address", head.address, "--out", str(tmp_path / "job"),
+                       *_sets(["budget.epochs=10000", "budget.wall_seconds=300"]), env=env)
     assert submitted.returncode == 0, submitted.stderr
     job_id = submitted.stdout.splitlines()[0]
     deadline = time.monotonic() + 120
     while "\nepoch " not in chorus("jobs", "logs", job_id, "--address", head.address, env=env).stdout:
         assert time.monotonic() < deadline, "the job never evaluated"
         time.sleep(1)
-    assert [a for a in _alive_on_head(head, "actors") if a["name"].startswith("tiny-")]
+    assert [a for a in _alive_on_head(head, "actors") if a["name"].startswith("stopped-")]
     if stopper == "ray job stop":
         stop = subprocess.run([str(BIN / "ray"), "job", "stop", "--address", head.address, job_id], env=head.env,
                               capture_output=True, text=True, timeout=60)
@@ -266,7 +273,7 @@ def test_a_submitted_job_stopped_by_chorus_or_ray_leaves_nothing_on_the_cluster(
     deadline = time.monotonic() + 10  # the job's learners and placement groups go within 10 s
     while time.monotonic() < deadline:
         left = {what: [item.get("name") for item in _alive_on_head(head, what) if (item.get("name") or "")
-                       .startswith("tiny-")] for what in ("actors", "placement_groups")}
+                       .startswith("stopped-")] for what in ("actors", "placement_groups")}
         if not any(left.values()):
             break
         time.sleep(1)
@@ -280,8 +287,8 @@ def test_a_submitted_job_stopped_by_chorus_or_ray_leaves_nothing_on_the_cluster(
     # already be at its epoch's end)
     kept = [json.loads(line) for line in (tmp_path / "job" / "evals.jsonl").read_text().splitlines()]
     assert kept, "no evaluation was kept"
-    resumed = chorus("submit", "jobs/configs/tiny.yaml", "--address", head.address, "--out", str(tmp_path / "job"),
-                     "--resume", "--follow", *sets, *_sets([f"budget.epochs={int(kept[-1]['epoch']) + 2}"]), env=env)
+    resumed = chorus("submit", str(spec), "--address", head.address, "--out", str(tmp_path / "job"),
+                     "--resume", "--follow", *_sets([f"budget.epochs={int(kept[-1]['epoch']) + 2}"]), env=env)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-2000:]
     curve = [json.loads(line) for line in (tmp_path / "job" / "evals.jsonl").read_text().splitlines()]
     superseded = tmp_path / "job" / "evals.superseded.jsonl"  # an evaluation whose checkpoint the stop cut short

@@ -20,6 +20,7 @@ from orchestrator.local_head import BIN, free_port
 ROOT = Path(__file__).resolve().parents[2]
 KEYS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1",
         "AWS_DEFAULT_REGION": "us-east-1"}
+pytestmark = pytest.mark.xdist_group("s3")  # one worker runs them all: they share the module's S3 server
 SMALL_MODEL = {"subsample_channels": 8, "d_model": 32, "hidden": 32, "layers": 1}
 
 
