@@ -604,7 +604,7 @@ def unread_training_file(row: Row) -> Path:
         if batches is None:
             return None
         rest = [i for b in batches.plan[batches.position + 2:] for i in b
-                if i not in corpus._features and i not in corpus._bad]
+                if not corpus.tried(i)]
         return str(corpus.utterances[rest[-1]].path) if rest else None
 
     def any_learner():

@@ -20,6 +20,10 @@ class DataConfig(BaseModel):
     max_batch_seconds: padded audio seconds per batch (utterances x longest in the batch).
     max_utterance_seconds: a longer utterance is skipped (counted, never loaded), which bounds
         the memory one utterance takes.
+    cache_mb: the features a learner keeps in memory (all splits together, least recently used
+        out first); what is not kept is decoded again when next read.
+    prefetch_batches: batches prepared ahead of the step in a background thread (audio decode,
+        filterbanks, padding); 0 prepares each one when the step asks for it.
     """
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
@@ -29,6 +33,8 @@ class DataConfig(BaseModel):
     test_unseen: Path | None = None
     max_batch_seconds: float = 60.0
     max_utterance_seconds: float = Field(60.0, gt=0)
+    cache_mb: float = Field(1024.0, gt=0)
+    prefetch_batches: int = Field(2, ge=0)
 
     @field_validator("train", "dev", "test", "test_unseen")
     @classmethod

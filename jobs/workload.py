@@ -28,6 +28,7 @@ from jobs.data import AudioError, DataError, SkipReport, Utterance, load_audio, 
 from jobs.decode import greedy_decode
 from jobs.features import Fbank, SpecAugment
 from jobs.models import build_model, ctc_loss
+from jobs.pipeline import FeatureCache, Prefetcher
 from jobs.sections import WorkloadConfig
 from jobs.tokenizer import CharTokenizer
 from jobs.wer import word_error_rate
@@ -55,13 +56,16 @@ class Batch:
 
 
 class Corpus:
-    """A corpus's utterances with their features computed on first use and kept in memory."""
+    """A corpus's utterances with their features computed on first use and kept in `cache` (a
+    `FeatureCache`, shared by the workload's corpora; none: a cache of 1 GB of its own)."""
 
-    def __init__(self, source: str | Path, fbank: Fbank, tokenizer: CharTokenizer, max_seconds: float = math.inf):
+    def __init__(self, source: str | Path, fbank: Fbank, tokenizer: CharTokenizer, max_seconds: float = math.inf,
+                 cache: FeatureCache | None = None):
         self.source = Path(source)
         self.utterances, self.skipped = read_corpus(source, max_seconds)
         self.fbank, self.tokenizer, self.max_seconds = fbank, tokenizer, max_seconds
-        self._features: dict[int, torch.Tensor] = {}
+        self.cache = cache if cache is not None else FeatureCache(1 << 30)
+        self._key = str(self.source.resolve())
         self._bad: set[int] = set()
 
     def __len__(self) -> int:
@@ -71,19 +75,25 @@ class Corpus:
     def durations(self) -> list[float]:
         return [u.duration for u in self.utterances]
 
+    def tried(self, i: int) -> bool:
+        """Whether utterance `i`'s features are in the cache, or its audio proved unreadable."""
+        return i in self._bad or (self._key, i) in self.cache
+
     def features(self, i: int) -> torch.Tensor | None:
         if i in self._bad:
             return None
-        if i not in self._features:
+        feats = self.cache.get((self._key, i))
+        if feats is None:
             utt: Utterance = self.utterances[i]
             try:
-                self._features[i] = self.fbank(load_audio(utt.path, self.max_seconds))
+                feats = self.fbank(load_audio(utt.path, self.max_seconds))
             except AudioError as exc:
                 self._bad.add(i)
                 self.skipped.skip(f"{utt.path} ({exc.detail})" if exc.detail else str(utt.path), exc.reason,
                                   str(utt.path))
                 return None
-        return self._features[i]
+            self.cache.put((self._key, i), feats)
+        return feats
 
     def collate(self, indices: list[int]) -> Batch | None:
         items = [(i, f) for i in indices if (f := self.features(i)) is not None]
@@ -106,22 +116,32 @@ class ShardBatches:
     """One shard's batches of one epoch, from planned batch `start` on; `len()` is known before any
     audio is read. A batch whose every utterance turns out unreadable is left out. `position` is
     the number of planned batches handed out (or left out) so far, counted from the epoch's start,
-    so a resumed learner can carry on from there."""
+    so a resumed learner can carry on from there. With `prefetch` > 0, that many batches are
+    prepared ahead in a background thread (`jobs.pipeline.Prefetcher`); `position` still counts
+    only those handed out."""
 
-    def __init__(self, corpus: Corpus, plan: list[list[int]], start: int = 0):
-        self.corpus, self.plan, self.position = corpus, plan, start
+    def __init__(self, corpus: Corpus, plan: list[list[int]], start: int = 0, prefetch: int = 0):
+        self.corpus, self.plan, self.position, self.prefetch = corpus, plan, start, prefetch
 
     def __len__(self) -> int:
         return len(self.plan)
 
+    def _prepared(self) -> Iterator[tuple[int, Batch | None]]:
+        for position in range(self.position, len(self.plan)):
+            yield position, self.corpus.collate(self.plan[position])
+
     def __iter__(self) -> Iterator[Batch]:
         whole_epoch, trained = self.position == 0, False
-        while self.position < len(self.plan):
-            batch = self.corpus.collate(self.plan[self.position])
-            self.position += 1
-            if batch is not None:
-                trained = True
-                yield batch
+        prepared = Prefetcher(self._prepared(), self.prefetch) if self.prefetch else self._prepared()
+        try:
+            for position, batch in prepared:
+                self.position = position + 1
+                if batch is not None:
+                    trained = True
+                    yield batch
+        finally:
+            if isinstance(prepared, Prefetcher):
+                prepared.close()
         if whole_epoch and self.plan and not trained:  # training on nothing, silently, is no training
             n = sum(map(len, self.plan))
             raise DataError(f"none of the {n} utterances of this learner's shard of {self.corpus.source} could be "
@@ -155,13 +175,15 @@ class AsrWorkload:
         self.tokenizer = CharTokenizer()
         self.fbank = Fbank(config.features.num_mel_bins)
         self.spec_augment = SpecAugment(config.features)
+        self.cache = FeatureCache(config.data.cache_mb * 2**20)  # every split's features, one bound
         self._corpora: dict[Path, Corpus] = {}
         self._skips_reported = 0  # of the training corpus's skips, those `new_skips` returned
 
     def corpus(self, source: str | Path) -> Corpus:
         key = Path(source).resolve()
         if key not in self._corpora:
-            self._corpora[key] = Corpus(source, self.fbank, self.tokenizer, self.config.data.max_utterance_seconds)
+            self._corpora[key] = Corpus(source, self.fbank, self.tokenizer, self.config.data.max_utterance_seconds,
+                                        self.cache)
         return self._corpora[key]
 
     @property
@@ -244,7 +266,7 @@ class AsrWorkload:
                             f"{corpus.skipped.describe()}")
         plan = shard_batches(corpus.durations, self.config.data.max_batch_seconds, epoch, self.seed, rank, world_size,
                              weights)
-        return ShardBatches(corpus, plan, start)
+        return ShardBatches(corpus, plan, start, self.config.data.prefetch_batches)
 
     def loss(self, model: torch.nn.Module, batch: Batch) -> torch.Tensor:
         """Mean per-utterance CTC loss; SpecAugment is applied when the model is in training mode.

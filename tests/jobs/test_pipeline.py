@@ -1,0 +1,95 @@
+"""The input pipeline (jobs/pipeline.py): the feature cache keeps to its bound and drops the least
+recently used first; the prefetcher hands over everything in order, raises its source's error
+where it happened and stops when closed; a learner's batches are the same with and without
+prefetch and with a cache far smaller than the corpus's features."""
+
+import threading
+
+import pytest
+import torch
+
+from jobs.pipeline import FeatureCache, Prefetcher
+from jobs.sections import WorkloadConfig
+from jobs.workload import AsrWorkload
+
+pytestmark = pytest.mark.unit
+
+
+def _tensor(kib: int) -> torch.Tensor:
+    return torch.zeros(kib * 256)  # float32: 1 KiB per 256 values
+
+
+def test_the_cache_keeps_to_its_bound_and_drops_the_least_recently_used():
+    cache = FeatureCache(max_bytes=3 * 1024)
+    for key in "abc":
+        cache.put(key, _tensor(1))
+    assert cache.nbytes == 3 * 1024 and len(cache) == 3
+    assert cache.get("a") is not None  # a is now the most recently used: b goes first
+    cache.put("d", _tensor(1))
+    assert "b" not in cache and {"a", "c", "d"} <= {k for k in "abcd" if k in cache}
+    cache.put("e", _tensor(2))  # needs two slots: c and a go
+    assert [k for k in "abcde" if k in cache] == ["d", "e"] and cache.nbytes == 3 * 1024
+    assert cache.evictions == 3
+    cache.put("huge", _tensor(4))  # over the bound on its own: not kept, nothing dropped for it
+    assert "huge" not in cache and [k for k in "de" if k in cache] == ["d", "e"]
+    assert (cache.hits, cache.misses) == (1, 0)
+    assert cache.get("b") is None and cache.misses == 1
+
+
+def test_the_prefetcher_hands_over_everything_in_order_and_raises_where_its_source_failed():
+    assert list(Prefetcher(iter(range(50)), depth=3)) == list(range(50))
+
+    def failing():
+        yield 1
+        yield 2
+        raise ValueError("unreadable")
+
+    got = []
+    with pytest.raises(ValueError, match="unreadable"):
+        for item in Prefetcher(failing(), depth=2):
+            got.append(item)
+    assert got == [1, 2]
+
+
+def test_a_closed_prefetcher_stops_without_draining_its_source():
+    produced = []
+
+    def source():
+        for i in range(1000):
+            produced.append(i)
+            yield i
+
+    prefetcher = Prefetcher(source(), depth=2)
+    assert next(prefetcher) == 0
+    prefetcher.close()
+    assert not prefetcher.running
+    assert len(produced) <= 1 + 2 + 1  # the one handed over, the queue's two, one waiting to go in
+
+
+def _workload(corpus, **data) -> AsrWorkload:
+    return AsrWorkload(WorkloadConfig(data={"train": corpus / "train.jsonl", "max_batch_seconds": 10, **data}), seed=0)
+
+
+def test_batches_are_the_same_with_prefetch_and_with_a_small_cache(corpus):
+    reference = _workload(corpus, prefetch_batches=0)
+    small = _workload(corpus, prefetch_batches=3, cache_mb=0.5)  # a few dozen utterances' features
+    for epoch in range(2):
+        expected = list(reference.batches(0, 2, epoch))
+        got = list(small.batches(0, 2, epoch))
+        assert [b.ids for b in got] == [b.ids for b in expected]
+        assert all(torch.equal(g.feats, e.feats) for g, e in zip(got, expected, strict=True))
+        assert small.cache.nbytes <= 0.5 * 2**20
+    assert small.cache.evictions > 0 and reference.cache.evictions == 0
+    # a resumed learner starts at its position with prefetch too
+    resumed = list(small.batches(0, 2, 1, start=3))
+    assert [b.ids for b in resumed] == [b.ids for b in expected[3:]]
+
+
+def test_a_shard_left_early_stops_its_prefetch_thread(corpus):
+    batches = _workload(corpus, prefetch_batches=2).batches(0, 1, 0)
+    iterator = iter(batches)
+    next(iterator)
+    assert any(t.name == "chorus-prefetch" for t in threading.enumerate())
+    iterator.close()  # what a learner's loop does when it leaves the epoch (a drain, a stop)
+    assert not any(t.name == "chorus-prefetch" for t in threading.enumerate())
+    assert batches.position == 1
