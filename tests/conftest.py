@@ -288,9 +288,13 @@ SPLIT_MANIFESTS = {"train": "train.jsonl", "dev": "dev.jsonl", "test": "test.jso
                    "test_unseen": "test-unseen.jsonl"}
 
 
+SMALL_MODEL = {"subsample_channels": 8, "d_model": 32, "hidden": 32, "layers": 1}  # ~30k parameters
+
+
 def make_spec(corpus: Path | None = None, *splits: str, raw: bool = False, **fields):
-    """A small job spec: name `t`, data from `corpus` (the session's, or `stub_corpus`), lr 3e-3
-    with 10 warmup steps and a constant schedule, batches of 10 audio seconds, 1 epoch.
+    """A small job spec: name `t`, data from `corpus` (the session's, or `stub_corpus`), a small
+    BiLSTM (`SMALL_MODEL`: 1 layer of 32, 8 subsampling channels), lr 3e-3 with 10 warmup steps
+    and a constant schedule, batches of 10 audio seconds, 1 epoch.
 
     `splits` (default: train) name the corpus's splits the spec reads (train, dev, test,
     test_unseen), each its .jsonl manifest, or with a trailing slash ("test/") its LibriSpeech-layout
@@ -301,7 +305,7 @@ def make_spec(corpus: Path | None = None, *splits: str, raw: bool = False, **fie
     for split in splits or (("train",) if corpus is not None else ()):
         key = split.rstrip("/")
         data[key] = str(corpus / (key.replace("_", "-") if split.endswith("/") else SPLIT_MANIFESTS[key]))
-    spec = {"name": "t", "data": {**data, "max_batch_seconds": 10},
+    spec = {"name": "t", "data": {**data, "max_batch_seconds": 10}, "model": dict(SMALL_MODEL),
             "optim": {"lr": 3e-3, "warmup_steps": 10, "schedule": "constant"}, "budget": {"epochs": 1}}
     return _with_fields(spec, fields, raw)
 
