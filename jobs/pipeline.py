@@ -50,19 +50,21 @@ class FeatureCache:
 
     def put(self, key: Hashable, value: torch.Tensor) -> None:
         """Keep `value` unless it alone is over the bound; drop the least recently used to fit."""
-        size = value.element_size() * value.nelement()
+        size = _bytes(value)
         if self.max_bytes is not None and size > self.max_bytes:
             return
         with self._lock:
             old = self._items.pop(key, None)
-            if old is not None:
-                self.nbytes -= old.element_size() * old.nelement()
+            self.nbytes += size - (_bytes(old) if old is not None else 0)
             self._items[key] = value
-            self.nbytes += size
             while self.max_bytes is not None and self.nbytes > self.max_bytes:
                 _, dropped = self._items.popitem(last=False)
-                self.nbytes -= dropped.element_size() * dropped.nelement()
+                self.nbytes -= _bytes(dropped)
                 self.evictions += 1
+
+
+def _bytes(tensor: torch.Tensor) -> int:
+    return tensor.element_size() * tensor.nelement()
 
 
 _END = object()

@@ -57,14 +57,14 @@ class Batch:
 
 class Corpus:
     """A corpus's utterances with their features computed on first use and kept in `cache` (a
-    `FeatureCache`, shared by the workload's corpora; none: a cache of 1 GB of its own)."""
+    `FeatureCache`, shared by the workload's corpora; none: an unbounded cache of its own)."""
 
     def __init__(self, source: str | Path, fbank: Fbank, tokenizer: CharTokenizer, max_seconds: float = math.inf,
                  cache: FeatureCache | None = None):
         self.source = Path(source)
         self.utterances, self.skipped = read_corpus(source, max_seconds)
         self.fbank, self.tokenizer, self.max_seconds = fbank, tokenizer, max_seconds
-        self.cache = cache if cache is not None else FeatureCache(1 << 30)
+        self.cache = cache if cache is not None else FeatureCache(None)
         self._key = str(self.source.resolve())
         self._bad: set[int] = set()
 
