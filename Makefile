@@ -8,9 +8,13 @@ DEMO_DATA := data/tiny
 
 .PHONY: install demo test test-fast test-deps lint bench clean
 
+# uv installs the ~6 GB in a third of pip's time (38 s against 106 s here, bytecode compiled by both),
+# from the sources pip is configured with (tools/pip_sources.py) and resolving as pip does
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check uv==0.13.9
+	$(BIN)/uv pip install --quiet --python $(BIN)/python --compile-bytecode --index-strategy unsafe-best-match \
+	  $$($(BIN)/python tools/pip_sources.py) -e '.[dev]'
 	@touch $(STAMP)
 
 install: $(STAMP)
@@ -41,7 +45,7 @@ test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m unit
 
 lint: $(STAMP)
-	$(BIN)/ruff check orchestrator jobs search tests bench
+	$(BIN)/ruff check orchestrator jobs search tests bench tools
 
 bench: $(STAMP)
 	$(BIN)/python bench/tiny_asr.py
