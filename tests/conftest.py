@@ -26,7 +26,8 @@ os.environ.setdefault("OMP_NUM_THREADS",
 # every node of a test cluster: metrics reach each node's exporter every second (default 10 s), and
 # a lost node is declared dead within ~3 s (Ray's defaults take ~30 s)
 SYSTEM_CONFIG = {"metrics_report_interval_ms": 1000, "health_check_period_ms": 1000,
-                 "health_check_failure_threshold": 3}
+                 "health_check_failure_threshold": 3, "enable_worker_prestart": False,
+                 "prestart_worker_first_driver": False}
 LEFTOVER_GRACE_S = 15.0  # actors of a driver that just exited take Ray a moment to mark dead
 
 

@@ -260,9 +260,11 @@ def test_a_submitted_job_stopped_by_chorus_or_ray_leaves_nothing_on_the_cluster(
     assert submitted.returncode == 0, submitted.stderr
     job_id = submitted.stdout.splitlines()[0]
     deadline = time.monotonic() + 120
-    while "\nepoch " not in chorus("jobs", "logs", job_id, "--address", head.address, env=env).stdout:
+    # evaluated and checkpointed, as the job's --out shows (read here: no CLI process per poll)
+    curve, checkpoint = tmp_path / "job" / "evals.jsonl", tmp_path / "job" / "checkpoint.pt"
+    while not (curve.is_file() and curve.read_text().strip() and checkpoint.is_file()):
         assert time.monotonic() < deadline, "the job never evaluated"
-        time.sleep(1)
+        time.sleep(0.5)
     assert [a for a in _alive_on_head(head, "actors") if a["name"].startswith("stopped-")]
     if stopper == "ray job stop":
         stop = subprocess.run([str(BIN / "ray"), "job", "stop", "--address", head.address, job_id], env=head.env,
