@@ -15,8 +15,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 class DataConfig(BaseModel):
     """Args:
-    train, dev, test, test_unseen: a `.jsonl` manifest or a LibriSpeech-layout directory each;
-        all but `train` may be left out.
+    train, dev, test, test_unseen: a `.jsonl` manifest, a LibriSpeech-layout directory or a
+        features directory (`chorus features`: filterbanks computed once) each; all but `train`
+        may be left out.
     max_batch_seconds: padded audio seconds per batch (utterances x longest in the batch).
     max_utterance_seconds: a longer utterance is skipped (counted, never loaded), which bounds
         the memory one utterance takes.
@@ -44,7 +45,7 @@ class DataConfig(BaseModel):
         if not path.exists():
             raise ValueError(f"no such manifest or directory: '{path}'")
         if path.is_file() and path.suffix != ".jsonl":
-            raise ValueError(f"'{path}' is neither a .jsonl manifest nor a LibriSpeech-layout directory")
+            raise ValueError(f"'{path}' is neither a .jsonl manifest nor a LibriSpeech-layout or features directory")
         return path
 
     @field_validator("max_batch_seconds")

@@ -26,6 +26,7 @@ import torch
 
 from jobs.data import AudioError, DataError, SkipReport, Utterance, load_audio, read_corpus, shard_batches
 from jobs.decode import greedy_decode
+from jobs.feature_shards import FeatureShards, is_features_folder
 from jobs.features import Fbank, SpecAugment
 from jobs.models import build_model, ctc_loss
 from jobs.pipeline import FeatureCache, Prefetcher
@@ -56,13 +57,16 @@ class Batch:
 
 
 class Corpus:
-    """A corpus's utterances with their features computed on first use and kept in `cache` (a
-    `FeatureCache`, shared by the workload's corpora; none: an unbounded cache of its own)."""
+    """A corpus's utterances with their features computed on first use (or read from a features
+    folder's shards, `jobs.feature_shards`) and kept in `cache` (a `FeatureCache`, shared by the
+    workload's corpora; none: an unbounded cache of its own)."""
 
     def __init__(self, source: str | Path, fbank: Fbank, tokenizer: CharTokenizer, max_seconds: float = math.inf,
                  cache: FeatureCache | None = None):
         self.source = Path(source)
-        self.utterances, self.skipped = read_corpus(source, max_seconds)
+        self.shards = FeatureShards(source, fbank.num_mel_bins, max_seconds) if is_features_folder(source) else None
+        self.utterances, self.skipped = ((self.shards.utterances, self.shards.skipped) if self.shards
+                                         else read_corpus(source, max_seconds))
         self.fbank, self.tokenizer, self.max_seconds = fbank, tokenizer, max_seconds
         self.cache = cache if cache is not None else FeatureCache(None)
         self._key = str(self.source.resolve())
@@ -86,11 +90,12 @@ class Corpus:
         if feats is None:
             utt: Utterance = self.utterances[i]
             try:
-                feats = self.fbank(load_audio(utt.path, self.max_seconds))
+                feats = self.shards.read(i) if self.shards else self.fbank(load_audio(utt.path, self.max_seconds))
             except AudioError as exc:
                 self._bad.add(i)
-                self.skipped.skip(f"{utt.path} ({exc.detail})" if exc.detail else str(utt.path), exc.reason,
-                                  str(utt.path))
+                what = f"utterance {utt.id} in {utt.path}" if self.shards else str(utt.path)
+                self.skipped.skip(f"{what} ({exc.detail})" if exc.detail else what, exc.reason,
+                                  f"{utt.path}:{utt.id}" if self.shards else str(utt.path))
                 return None
             self.cache.put((self._key, i), feats)
         return feats

@@ -87,6 +87,21 @@ def synth(out, utterances, eval_utterances, seed, workers):
     click.echo(strict_json.dumps(summary))
 
 
+@main.command()
+@click.argument("manifest", type=click.Path(exists=True, path_type=Path))
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True,
+              help="The features folder: a corpus source for data.train/dev/test (`features.json` and shards).")
+@click.option("--mel-bins", default=80, show_default=True, help="Filterbank channels (features.num_mel_bins).")
+@click.option("--shard-mb", default=64.0, show_default=True, help="Size of each shard file.")
+def features(manifest, out, mel_bins, shard_mb):
+    """Precompute the filterbanks of MANIFEST (a .jsonl manifest or a LibriSpeech-layout directory)
+    into shards in OUT, which learners read instead of decoding audio."""
+    from orchestrator.workload import workload_part
+
+    write_shards = workload_part("asr", "features")
+    click.echo(strict_json.dumps(write_shards(manifest, out, num_mel_bins=mel_bins, shard_mb=shard_mb)))
+
+
 def format_eval(record: dict) -> str:
     parts = [f"epoch {record['epoch']:g}", f"step {record['step']}", f"wall {record['wall_s']:.1f}s",
              f"train_loss {record['train_loss']:.3f}"]
@@ -219,7 +234,7 @@ def sweep(sweep_path, overrides, out, address, resume):
 @click.argument("checkpoint", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.argument("data", type=click.Path(exists=True, path_type=Path))
 def evaluate(checkpoint, data):
-    """WER of CHECKPOINT on DATA (a .jsonl manifest or a LibriSpeech-layout directory). A run's
+    """WER of CHECKPOINT on DATA (a .jsonl manifest, a LibriSpeech-layout or features directory). A run's
     checkpoint.pt means its newest usable checkpoint."""
     from orchestrator.checkpoint import CheckpointError, load
     from orchestrator.workload import workload_class

@@ -1,0 +1,242 @@
+"""Benchmark: the input pipeline on a corpus that does not fit in the feature cache.
+
+A corpus of 20,000 training utterances from `chorus synth` (about 17 hours of audio, about 1.9 GB
+of float32 filterbanks against a 64 MB cache), three measurements, one torch thread as a learner
+with one CPU has:
+
+1. Rates, interleaved, 5 repeats: the input pipeline's utterances/s (audio decode, filterbanks,
+   padding: iterating a learner's batches with no model) from audio and from precomputed features
+   (`chorus features`), against the model's consumption (tiny.yaml's BiLSTM training on batches
+   already in memory). Target: pipeline from audio >= 3x the model.
+2. Step time with and without prefetch, interleaved, 5 repeats: 30 training steps of tiny.yaml's
+   model from a cold cache (every batch decoded), `data.prefetch_batches` 0 against 2.
+3. A learner's memory over 3 epochs: `chorus train` (one in-process learner, the small model of
+   the tests, `data.cache_mb=64`, from audio), its resident set sampled every 0.5 s. Target: flat
+   after the first epoch (at most 32 MB above its end-of-epoch-1 value) and within the cache's
+   bound (peak at most cache_mb + 128 MB above the resident set before the first batch).
+
+Writes `bench/results/data_pipeline.json` (with `passed`) and `data_pipeline.png`.
+
+Usage: .venv/bin/python bench/data_pipeline.py [--utterances 20000] [--repeats 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import torch  # noqa: E402
+
+from jobs.feature_shards import is_features_folder, write_shards  # noqa: E402
+from jobs.sections import WorkloadConfig  # noqa: E402
+from jobs.synth import synthesize  # noqa: E402
+from jobs.workload import AsrWorkload  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+WORK = ROOT / "bench" / "work" / "data_pipeline"
+TINY_MODEL = {"subsample_channels": 32, "d_model": 144, "hidden": 160, "layers": 2}
+SMALL_MODEL = {"subsample_channels": 8, "d_model": 32, "hidden": 32, "layers": 1}
+CACHE_MB, RATIO_TARGET, FLAT_MB, SLACK_MB = 64, 3.0, 32, 128
+BATCH_SECONDS = 40  # tiny.yaml's
+
+
+def corpus(utterances: int) -> tuple[Path, Path]:
+    """The synthesized corpus and its train split's features folder (made once, kept in WORK)."""
+    audio = WORK / f"corpus-{utterances}"
+    if not (audio / "corpus.json").is_file():
+        synthesize(audio, utterances=utterances, eval_utterances=20, seed=3, workers=2)
+    features = WORK / f"features-{utterances}"
+    if not is_features_folder(features):
+        write_shards(audio / "train.jsonl", features)
+    return audio, features
+
+
+def workload(train: Path, prefetch: int = 0, model: dict = TINY_MODEL) -> AsrWorkload:
+    return AsrWorkload(WorkloadConfig(data={"train": train, "max_batch_seconds": BATCH_SECONDS, "cache_mb": CACHE_MB,
+                                            "prefetch_batches": prefetch}, model=model), seed=0)
+
+
+def pipeline_rate(train: Path, batches: int) -> float:
+    """Utterances/s of a learner's batches of epoch 0 (a shard of the whole corpus), cold cache."""
+    w = workload(train)
+    start, n = time.perf_counter(), 0
+    for i, batch in enumerate(w.batches(0, 1, 0)):
+        n += batch.size
+        if i + 1 == batches:
+            break
+    return n / (time.perf_counter() - start)
+
+
+def train_steps(w: AsrWorkload, batches) -> tuple[float, int]:
+    """Seconds and utterances of one training step per batch of `batches` (an iterable)."""
+    model = w.build_model()
+    model.train()
+    optimizer = w.build_optimizer(model)
+    start, n = time.perf_counter(), 0
+    for step, batch in enumerate(batches):
+        optimizer.zero_grad()
+        w.loss(model, batch).backward()
+        w.optimizer_step(model, optimizer, step, 0.0, 1.0)
+        n += batch.size
+    return time.perf_counter() - start, n
+
+
+def rates(audio: Path, features: Path, repeats: int, batches: int) -> dict:
+    w = workload(audio / "train.jsonl")
+    kept = []
+    for i, batch in enumerate(w.batches(0, 1, 0)):  # the model's batches, in memory before it is timed
+        kept.append(batch)
+        if i + 1 == batches:
+            break
+    runs = {"pipeline_from_audio": [], "pipeline_from_features": [], "model": []}
+    for r in range(repeats):  # interleaved: each repeat measures every contender once
+        runs["pipeline_from_audio"].append(pipeline_rate(audio / "train.jsonl", batches))
+        runs["pipeline_from_features"].append(pipeline_rate(features, batches))
+        seconds, n = train_steps(w, kept)
+        runs["model"].append(n / seconds)
+        print(f"rates, repeat {r + 1}: " + ", ".join(f"{k} {v[-1]:.0f} utt/s" for k, v in runs.items()), flush=True)
+    return {k: summary(v) for k, v in runs.items()}
+
+
+def step_times(audio: Path, repeats: int, steps: int) -> dict:
+    runs = {"prefetch_0": [], "prefetch_2": []}
+    for r in range(repeats):
+        for prefetch in (0, 2):
+            w = workload(audio / "train.jsonl", prefetch=prefetch)  # a cold cache: every batch decoded
+
+            def first(n, batches):
+                for i, batch in enumerate(batches):
+                    yield batch
+                    if i + 1 == n:
+                        return
+
+            shard = w.batches(0, 1, 0)
+            seconds, _ = train_steps(w, first(steps, shard))
+            runs[f"prefetch_{prefetch}"].append(seconds / steps)
+        print(f"step time, repeat {r + 1}: " + ", ".join(f"{k} {v[-1] * 1000:.0f} ms" for k, v in runs.items()),
+              flush=True)
+    return {k: summary(v) for k, v in runs.items()}
+
+
+def learner_memory(audio: Path, epochs: int) -> dict:
+    """RSS of a one-learner `chorus train` process over `epochs` epochs, against its epochs."""
+    out = WORK / "memory-run"
+    args = [sys.executable, "-m", "orchestrator.cli", "train", str(ROOT / "jobs" / "configs" / "tiny.yaml"),
+            "--out", str(out), "--overwrite", "--set", f"data.train={audio}/train.jsonl",
+            "--set", f"data.dev={audio}/dev.jsonl", "--set", "data.test=null", "--set", "data.test_unseen=null",
+            "--set", f"data.cache_mb={CACHE_MB}", "--set", f"budget.epochs={epochs}",
+            "--set", "budget.wall_seconds=null", "--set", "budget.eval_every_seconds=20", "--set", "learners=1"]
+    args += [a for key, value in SMALL_MODEL.items() for a in ("--set", f"model.{key}={value}")]
+    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    started, samples = time.time(), []
+    while proc.poll() is None:
+        try:
+            status = Path(f"/proc/{proc.pid}/status").read_text()
+            kb = int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:")))
+            samples.append((time.time() - started, kb / 1024))
+        except (OSError, StopIteration):
+            pass
+        time.sleep(0.5)
+    output = proc.stdout.read()
+    if proc.returncode != 0:
+        raise RuntimeError(f"the memory run failed:\n{output[-3000:]}")
+    evals = [json.loads(line) for line in (out / "evals.jsonl").read_text().splitlines()]
+    train_start = started + (json.loads((out / "summary.json").read_text())["startup_s"] or 0)
+    # epoch at each sample: the evaluations' (wall since the training loop began, epoch), interpolated
+    points = [(0.0, 0.0)] + [(e["wall_s"], e["epoch"]) for e in evals]
+    offset = train_start - started
+
+    def epoch_at(t: float) -> float:
+        t -= offset
+        for (t0, e0), (t1, e1) in zip(points, points[1:], strict=False):
+            if t <= t1:
+                return e0 + (e1 - e0) * max(0.0, t - t0) / max(t1 - t0, 1e-9)
+        return points[-1][1]
+
+    series = [(t, epoch_at(t), mb) for t, mb in samples]
+    before = max((mb for t, e, mb in series if t <= offset), default=series[0][2])
+    after_1 = [mb for _, e, mb in series if e <= 1.0]
+    later = [mb for _, e, mb in series if e > 1.0]
+    return {"epochs": epochs, "cache_mb": CACHE_MB, "rss_before_first_batch_mb": round(before, 1),
+            "rss_end_of_epoch_1_mb": round(after_1[-1], 1), "rss_peak_after_epoch_1_mb": round(max(later), 1),
+            "rss_peak_mb": round(max(mb for *_, mb in series), 1),
+            "growth_after_epoch_1_mb": round(max(later) - after_1[-1], 1),
+            "peak_above_start_mb": round(max(mb for *_, mb in series) - before, 1),
+            "series": [(round(t, 1), round(e, 3), round(mb, 1)) for t, e, mb in series]}
+
+
+def summary(values: list[float]) -> dict:
+    q = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
+    return {"median": round(q[1], 4), "iqr": [round(q[0], 4), round(q[2], 4)], "runs": [round(v, 4) for v in values]}
+
+
+def plot(result: dict, path: Path) -> None:
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.4))
+    names = list(result["rates"])
+    medians = [result["rates"][k]["median"] for k in names]
+    errors = [[m - result["rates"][k]["iqr"][0] for k, m in zip(names, medians, strict=True)],
+              [result["rates"][k]["iqr"][1] - m for k, m in zip(names, medians, strict=True)]]
+    left.bar([n.replace("_", "\n") for n in names], medians, yerr=errors, color=["#4c72b0", "#55a868", "#c44e52"])
+    left.set(ylabel="utterances/s (median, IQR)", yscale="log",
+             title=f"pipeline vs model: {result['ratio_audio_to_model']:.1f}x from audio")
+    memory = result["memory"]
+    left.grid(True, axis="y", alpha=0.3)
+    epochs = [e for _, e, _ in memory["series"]]
+    right.plot(epochs, [mb for *_, mb in memory["series"]], lw=1)
+    right.axhline(memory["rss_before_first_batch_mb"] + CACHE_MB, color="red", ls="--", lw=1,
+                  label=f"before the first batch + cache_mb ({CACHE_MB})")
+    right.set(xlabel="epoch", ylabel="learner RSS (MB)",
+              title=f"one learner, {result['utterances']} utterances, cache_mb={CACHE_MB}")
+    right.grid(True, alpha=0.3)
+    right.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--utterances", type=int, default=20_000)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--batches", type=int, default=20, help="batches per rate measurement")
+    parser.add_argument("--steps", type=int, default=30, help="steps per step-time measurement")
+    parser.add_argument("--epochs", type=int, default=3, help="epochs of the memory run")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    WORK.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    audio, features = corpus(args.utterances)
+    index = json.loads((features / "features.json").read_text())
+    result = {"utterances": len(index["utterances"]),
+              "hours": round(sum(r["duration"] for r in index["utterances"]) / 3600, 2),
+              "features_mb_float32": round(sum(r["frames"] for r in index["utterances"]) * 80 * 4 / 2**20),
+              "torch_threads": 1, "batch_seconds": BATCH_SECONDS, "repeats": args.repeats,
+              "rates": rates(audio, features, args.repeats, args.batches),
+              "step_seconds": step_times(audio, args.repeats, args.steps)}
+    result["ratio_audio_to_model"] = round(result["rates"]["pipeline_from_audio"]["median"]
+                                           / result["rates"]["model"]["median"], 2)
+    result["memory"] = learner_memory(audio, args.epochs)
+    memory = result["memory"]
+    result["targets"] = {"ratio_audio_to_model": f">= {RATIO_TARGET}", "growth_after_epoch_1_mb": f"<= {FLAT_MB}",
+                         "peak_above_start_mb": f"<= cache_mb + {SLACK_MB} = {CACHE_MB + SLACK_MB}"}
+    result["passed"] = (result["ratio_audio_to_model"] >= RATIO_TARGET and memory["growth_after_epoch_1_mb"] <= FLAT_MB
+                        and memory["peak_above_start_mb"] <= CACHE_MB + SLACK_MB)
+    result["bench_wall_s"] = round(time.time() - started)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "data_pipeline.json").write_text(json.dumps(result, indent=2) + "\n")
+    plot(result, RESULTS / "data_pipeline.png")
+    print(json.dumps({k: v for k, v in result.items() if k != "memory"}, indent=2))
+    print(json.dumps({k: v for k, v in memory.items() if k != "series"}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
