@@ -72,7 +72,7 @@ def write_shards(source: str | Path, out: str | Path, num_mel_bins: int = 80, sh
              "source": str(Path(source).resolve()), "utterances": rows,
              "skipped": [{"what": what, "reason": reason} for what, reason in report.items]}
     tmp = out / f".{INDEX}.tmp"
-    tmp.write_text(json.dumps(index))
+    tmp.write_text(json.dumps(index, allow_nan=False))
     os.replace(tmp, out / INDEX)
     return {"utterances": len(rows), "skipped": report.total, "shards": shards,
             "hours": round(sum(r["duration"] for r in rows) / 3600, 3),

@@ -169,10 +169,25 @@ def cluster_state() -> dict[str, set]:
 
     return {"actors": {a_id for a_id, a in ray._private.state.actors().items() if a["State"] != "DEAD"},
             "placement groups": {g_id for g_id, g in placement_group_table().items() if g["state"] != "REMOVED"},
-            "nodes": {n["NodeID"] for n in ray.nodes() if n["Alive"]}}
+            "nodes": {n["NodeID"] for n in ray.nodes() if n["Alive"]},
+            "held resources": _held_resources()}
+
+
+def _held_resources() -> set[tuple[str, float]]:
+    """(resource, amount) of each CPU, GPU and custom resource that something holds now (Ray's
+    view: total minus available)."""
+    import ray
+
+    total, free = ray.cluster_resources(), ray.available_resources()
+    return {(name, round(amount - free.get(name, 0.0), 4)) for name, amount in total.items()
+            if not name.startswith("node:") and name not in ("memory", "object_store_memory")
+            and amount - free.get(name, 0.0) > 1e-4}
 
 
 def _leftovers(before: dict[str, set]) -> dict[str, set]:
+    """What the cluster holds now that it did not hold `before`; a resource still held (an actor's
+    CPU not yet given back) counts until Ray's view has caught up, so the next test starts on a
+    cluster whose free resources are what they were."""
     now = cluster_state()
     return {kind: now[kind] - before[kind] for kind in now if now[kind] - before[kind]}
 
