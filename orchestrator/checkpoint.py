@@ -9,9 +9,16 @@ fsync it, `os.replace` it to `checkpoint-<step>.pt`, link `checkpoint.pt` to it 
 fsync the folder, then delete the older checkpoints beyond `keep`. A crash or a full disk at any
 point leaves the previous checkpoints whole, and no temp file behind.
 
+Format 2: a job's checkpoint file is a small manifest; its learners' states and its averaged
+model are files beside it (`state-<step>-<learner>.pt`, `model-<step>.pt`, written by the
+learners and the evaluator: `state_store.py`), named in it with their sizes. A checkpoint is
+usable only when every file it names is there at that size. `load` (what `chorus eval` and
+readers use) returns the states resolved, as format 1 held them inline; `load_latest` and
+`resume_from` return the manifest (a resumed job's learners read their own files).
+
 Loading always uses `torch.load(..., weights_only=True)`: a checkpoint holds only dicts, lists,
 tuples, strings, numbers, booleans, None and tensors, so a file can never run code. What is
-loaded is verified (the format `version`, the expected keys, finite weights). `load_latest` tries
+loaded is verified (the format `version`, the expected keys, the files it names, finite weights). `load_latest` tries
 the newest checkpoint first; one that is truncated or corrupt is named in one logged line and the
 one before it is used. When none is usable, `CheckpointError` says why in one line.
 
@@ -33,9 +40,12 @@ from pathlib import Path
 
 import torch
 
+from orchestrator.state_store import StateStore
+
 log = logging.getLogger("chorus.checkpoint")
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READS = (1, 2)  # format 1: states inline
 LATEST = "checkpoint.pt"
 KEEP = 2
 KEYS = ("version", "spec", "model", "learners", "learner_ids", "planner", "job")
@@ -144,8 +154,9 @@ def candidates(folder: str | Path) -> list[Path]:
     return found
 
 
-def load_file(path: str | Path) -> dict:
-    """Load and verify one checkpoint file; `CheckpointError` (one line) when it is unusable."""
+def load_file(path: str | Path, store: StateStore | None = None) -> dict:
+    """Load and verify one checkpoint file (and that the files it names are in `store`, by
+    default its own folder); `CheckpointError` (one line) when it is unusable."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint file")
@@ -154,10 +165,11 @@ def load_file(path: str | Path) -> dict:
     except Exception as exc:  # noqa: BLE001 - whatever the file is, the answer is one line
         raise CheckpointError(f"{path}: {_load_failure(exc)}") from None
     _verify(path, state)
+    _verify_files(path, state, store or StateStore(path.parent.resolve()))
     return state
 
 
-def load_latest(folder: str | Path) -> Loaded:
+def load_latest(folder: str | Path, store: StateStore | None = None) -> Loaded:
     """The newest usable checkpoint of a run folder; each newer one that is unusable is logged
     in one line. `CheckpointError` when there is none, or none is usable."""
     folder = Path(folder)
@@ -167,7 +179,7 @@ def load_latest(folder: str | Path) -> Loaded:
     skipped, problems = [], []
     for path in found:
         try:
-            state = load_file(path)
+            state = load_file(path, store)
         except CheckpointError as exc:
             skipped.append(path)
             problems.append(str(exc))
@@ -180,20 +192,37 @@ def load_latest(folder: str | Path) -> Loaded:
 
 def load(path: str | Path) -> Loaded:
     """A run folder or `checkpoint.pt` in one: its newest usable checkpoint (`load_latest`); any
-    other file: that file only."""
+    other file: that file only. With the states it names read in (`resolve`)."""
     path = Path(path)
-    if path.is_dir():
-        return load_latest(path)
-    if path.name == LATEST:
-        return load_latest(path.parent)
-    return Loaded(load_file(path), path)
+    if path.is_dir() or path.name == LATEST:
+        loaded = load_latest(path if path.is_dir() else path.parent)
+    else:
+        loaded = Loaded(load_file(path), path)
+    loaded.state = resolve(loaded.state, StateStore(loaded.path.parent.resolve()))
+    return loaded
 
 
-def resume_from(folder: str | Path) -> Loaded:
+def resolve(state: dict, store: StateStore) -> dict:
+    """A checkpoint with the files it names read in: each learner's whole state (with its own
+    counters) and the averaged model's state_dict, as format 1 held them."""
+    def read(entry: dict) -> dict:
+        if "file" not in entry:
+            return entry
+        try:
+            return store.read(entry["file"])
+        except Exception as exc:  # noqa: BLE001 - one line naming the file
+            raise CheckpointError(f"{store.root}/{entry['file']}: {_load_failure(exc)}") from None
+
+    learners = [{**read(e), "counters": e["counters"]} if "file" in e else e for e in state["learners"]]
+    return {**state, "learners": learners, "model": read(state["model"])["model"] if "file" in state["model"]
+            else state["model"]}
+
+
+def resume_from(folder: str | Path, store: StateStore | None = None) -> Loaded:
     """`load_latest` for a run that goes on from it: newer files that were unusable are set aside
     as `<name>.corrupt` (so they are neither loaded nor kept as the newest again) and
     `checkpoint.pt` points at the checkpoint loaded."""
-    loaded = load_latest(folder)
+    loaded = load_latest(folder, store)
     for path in loaded.skipped:
         if path.name != LATEST:
             os.replace(path, path.with_name(path.name + ".corrupt"))
@@ -217,13 +246,24 @@ def _verify(path: Path, state) -> None:
     if missing:
         raise CheckpointError(f"{path}: not a Chorus checkpoint of format {FORMAT_VERSION} "
                               f"(no {', '.join(missing)})")
-    if state["version"] != FORMAT_VERSION:
-        raise CheckpointError(f"{path}: format version {state['version']!r}; this Chorus reads {FORMAT_VERSION}")
+    if state["version"] not in READS:
+        raise CheckpointError(f"{path}: format version {state['version']!r}; this Chorus reads "
+                              f"{', '.join(map(str, READS))}")
     if not isinstance(state["learners"], list) or len(state["learners"]) != len(state["learner_ids"]) \
             or not state["learners"]:
         raise CheckpointError(f"{path}: corrupt (learners and learner_ids do not match)")
-    if not isinstance(state["model"], dict) or not finite(state["model"]):
+    if not isinstance(state["model"], dict) or ("file" not in state["model"] and not finite(state["model"])):
         raise CheckpointError(f"{path}: corrupt (its model has non-finite weights)")
+
+
+def _verify_files(path: Path, state: dict, store: StateStore) -> None:
+    """Every file a format-2 checkpoint names is in the store, at the size it was written."""
+    entries = [e for e in [state["model"], *state["learners"]] if isinstance(e, dict) and "file" in e]
+    for entry in entries:
+        size = store.size(entry["file"])
+        if size != entry.get("bytes"):
+            found = "missing" if size is None else f"{size} bytes, not {entry.get('bytes')}"
+            raise CheckpointError(f"{path}: unusable: the file it names, {entry['file']}, is {found}")
 
 
 def _load_failure(exc: Exception) -> str:

@@ -15,7 +15,6 @@ import time
 
 from orchestrator.capacity import Capacity, CapacityTimeout
 from orchestrator.roster import Arrival, Roster
-from orchestrator.shards import ShardPlanner
 
 CLOSE_TIMEOUT_S = 10.0  # learners get this long to leave their group at the end
 DRAIN_POLL_S = 1.0  # how often the driver asks Ray which nodes are being drained
@@ -28,16 +27,16 @@ class Elastic:
     job_id, spec: the job; workload_config: the workload's sections of the spec, as a dict.
     runtime: where learners run; capacity: the job's slots; roster: its books.
     events: the job's EventLog.
-    fallback_state: called for a state to start a newcomer from when no learner is alive
-        (the job's last checkpointed state).
+    adopt_checkpoint: called with a newcomer's handle when no learner is alive to start it from:
+        it loads the job's last checkpointed state (from the files, not through the driver).
     """
 
     def __init__(self, job_id: str, spec, workload_config: dict, runtime, capacity: Capacity, roster: Roster,
-                 events, fallback_state=None):
+                 events, adopt_checkpoint=None):
         self.job_id, self.spec, self.workload_config = job_id, spec, workload_config
         self.runtime, self.capacity, self.roster, self.events = runtime, capacity, roster, events
-        self.fallback_state = fallback_state or (lambda: None)
-        self.planner = None
+        self.adopt_checkpoint = adopt_checkpoint or (lambda handle: None)
+        self.service = None  # the job's JobService: shard planner and evaluator
         self.started = False
         self._drains_checked = 0.0
 
@@ -45,7 +44,7 @@ class Elastic:
         """Ask for `learners.max` slots (`ids` first, e.g. those of a checkpoint), wait until at
         least `learners.min` learners are placed and answer; returns them (not yet in a group)."""
         self.capacity.check(ids)
-        self.planner = self.runtime.start_planner(self.job_id, ShardPlanner)
+        self.service = self.runtime.start_service(self.job_id)
         self.capacity.ask([], ids)
         self.runtime.wait(self.capacity.watched(), num_returns=len(self.capacity.pending), timeout=2.0)
         self._start_placed()  # whatever fits now starts together
@@ -70,19 +69,19 @@ class Elastic:
         for learner_id, slot in self.capacity.placed():
             slowdown = self.spec.simulate.slowdown.get(learner_id, 1.0)
             handle = self.runtime.start_learner(self.job_id, learner_id, slot, self.spec.workload,
-                                                self.workload_config, self.spec.seed, self.planner, slowdown)
+                                                self.workload_config, self.spec.seed, self.service, slowdown)
             if self.started:  # joining a running job: start from a live learner's state
-                donor = self._donor_state()
-                if donor is not None:
-                    handle.load_state.remote(donor, True)
+                self._adopt(handle)
             self.roster.arrive(handle.hello.remote(), Arrival(learner_id, handle, slot, time.time()))
 
-    def _donor_state(self):
-        """A live learner's state (an object ref): the last on the ring, which a newcomer joins
-        next to; with nobody alive, the job's last checkpointed state."""
+    def _adopt(self, handle) -> None:
+        """A newcomer takes a live learner's state — the last on the ring, which it joins next to;
+        passed as an object ref, learner to learner — or, with nobody alive, the job's last
+        checkpointed state."""
         if self.roster.order and self.roster.order[-1] in self.roster:
-            return self.roster.live[self.roster.order[-1]].handle.state.remote()
-        return self.fallback_state()
+            handle.load_state.remote(self.roster.live[self.roster.order[-1]].handle.state.remote(), True)
+        else:
+            self.adopt_checkpoint(handle)
 
     def _answered(self, timeout: float) -> None:
         """Arrivals that have answered become live (not yet in the group); ones that died while
@@ -171,14 +170,14 @@ class Elastic:
 
     def close_and_release(self) -> None:
         """Let the live learners leave their group (for at most CLOSE_TIMEOUT_S: a stuck one is
-        not waited for), then kill every learner (live or starting) and the planner, and free
+        not waited for), then kill every learner (live or starting) and the job's service, and free
         every slot, placed or pending: the job's whole demand on the cluster and its autoscaler."""
         live = self.roster.live.values()
         if live:
             self.runtime.wait([s.handle.close.remote() for s in live], num_returns=len(live),
                               timeout=CLOSE_TIMEOUT_S)
-        planner = [self.planner] if self.runtime.distributed and self.planner is not None else []
-        self.capacity.release(self.roster.held_slots(), self.roster.handles() + planner)
+        service = [self.service] if self.runtime.distributed and self.service is not None else []
+        self.capacity.release(self.roster.held_slots(), self.roster.handles() + service)
         self.roster.clear()
 
     def nodes_used(self) -> list[dict]:

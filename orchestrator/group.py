@@ -110,7 +110,7 @@ class Group:
         if not self.runtime.distributed:
             return
         weights, ids = self.strategy.shard_weights(self.roster), list(self.roster.order)
-        self.runtime.get(self.elastic.planner.set_members.remote(ids, weights))
+        self.runtime.get(self.elastic.service.set_members.remote(ids, weights))
         self.strategy.planned = (ids, weights)
 
     def rebalance(self) -> bool:

@@ -15,10 +15,9 @@ from pathlib import Path
 
 from orchestrator import strict_json
 from orchestrator.capacity import Capacity
-from orchestrator.checkpoint import KEEP, LATEST, finite, resume_from
+from orchestrator.checkpoint import KEEP, LATEST, resume_from
 from orchestrator.config import JobSpec
 from orchestrator.elastic import Elastic
-from orchestrator.evaluator import Evaluator
 from orchestrator.events import EventLog
 from orchestrator.group import Group
 from orchestrator.job_checkpoint import JobCheckpoint, location_of_newest
@@ -29,6 +28,8 @@ from orchestrator.rollback import Rollbacks, TrainingDiverged, simulate_divergen
 from orchestrator.roster import Roster
 from orchestrator.rundir import RunDir
 from orchestrator.runtime import runtime_for
+from orchestrator.snapshot import Snapshots
+from orchestrator.state_store import StateStore
 from orchestrator.storage import RunStorage
 from orchestrator.summary import summarize
 from orchestrator.watchdog import Watchdog
@@ -65,7 +66,12 @@ class TrainingJob:
         self.overwrite, self.keep_checkpoints = overwrite, keep_checkpoints
         self.run_dir = RunDir(self.out_dir)
         self.report = report or (lambda record: None)
-        self.workload = build_workload(spec.workload, spec.workload_config, spec.seed)  # the driver's, to evaluate
+        self.workload = build_workload(spec.workload, spec.workload_config, spec.seed)  # the driver's: data checks
+        # what the job's evaluator builds its workload from (it runs in the job's service, not here)
+        self.workload_args = (spec.workload, spec.workload_config.model_dump(mode="json"), spec.seed)
+        # where learners and the evaluator write checkpoint files: the run's URI, or its folder
+        self.store = StateStore(self.storage.uri or self.out_dir.resolve())
+        self.snapshots = Snapshots(self)  # evaluations and checkpoints
         self.job_id = f"{spec.name}-{uuid.uuid4().hex[:6]}"
         self.evals: list[dict] = []
         self.recovery = RecoveryLog()
@@ -128,7 +134,7 @@ class TrainingJob:
 
     def _run(self) -> dict:
         self.started_at = time.time()
-        checkpoint = JobCheckpoint.from_state(resume_from(self.out_dir).state) if self.resume else None
+        checkpoint = JobCheckpoint.from_state(resume_from(self.out_dir, self.store).state) if self.resume else None
         for name in ("evals.jsonl", "events.jsonl"):
             if not self.resume or not (self.out_dir / name).exists():
                 (self.out_dir / name).write_text("")
@@ -139,11 +145,13 @@ class TrainingJob:
             simulate_divergence(self, slots)
             self.form_group()
             if not self.rollbacks.states:  # before the first checkpoint, a rollback goes back to the start
-                self.rollbacks.states = self.on_every_learner(lambda s: s.handle.state.remote())
+                self.snapshots.save_start()
             loop = TrainLoop(self, time.time() - wall_before)
             train_wall = loop.run()
+            self.poll_snapshot(wait=True)
             if loop.losses or not self.evals:
                 self.evaluate(mean_loss(loop.losses) if loop.losses else float("nan"), loop.start)
+                self.poll_snapshot(wait=True)
             summary = summarize(self, train_wall, time.time() - loop.start, loop.first_loss)
             (self.out_dir / "summary.json").write_text(strict_json.dumps(summary, indent=2) + "\n")
             return summary
@@ -160,9 +168,8 @@ class TrainingJob:
         self.roster = Roster(self.events, self.metrics)
         capacity = Capacity(self.job_id, spec, self.runtime, self.pool)
         self.elastic = Elastic(self.job_id, spec, spec.workload_config.model_dump(mode="json"), self.runtime,
-                               capacity, self.roster, self.events, fallback_state=self.rollbacks.first_state)
+                               capacity, self.roster, self.events, adopt_checkpoint=self.rollbacks.adopt)
         self.group = Group(self.job_id, spec, self.runtime, self.roster, self.elastic, self.events)
-        self.evaluator = Evaluator(self.workload, self.metrics)
 
     def form_group(self) -> None:
         """(Re-)form the group; learners that die while joining are dropped and it is formed again."""
@@ -190,50 +197,23 @@ class TrainingJob:
         self.recovery.stepped(learner_id, stats.get("step_began", []), stats["step_seconds"])
         return stats["loss"]
 
-    # -- evaluation and checkpoints ---------------------------------------------------------------
+    # -- evaluation and checkpoints (`snapshot.Snapshots`) ----------------------------------------
     def evaluate(self, train_loss: float, start: float) -> None:
-        """Average the live learners' models, evaluate on dev, checkpoint, report. A learner that
-        cannot be read (it died) is dropped and the rest are evaluated."""
-        states = sorted(self.on_every_learner(lambda s: s.handle.state.remote()).items())
-        if not states:
-            return
-        if not all(finite(state["model"]) for _, state in states):
-            self.rollbacks.weights_diverged = True  # never checkpointed: the training loop rolls back
-            return
-        consensus = self.evaluator.average([state for _, state in states])
-        self.rollbacks.states = dict(states)
-        stats = [self.roster.live[i].stats for i, _ in states if i in self.roster] or \
-            [st["counters"] for _, st in states]
-        record = {"epoch": round(sum(s["epoch"] for s in stats) / len(stats), 3),
-                  "step": sum(s["step"] for s in stats) // len(stats), "samples": self.roster.samples(),
-                  "train_loss": round(train_loss, 4), "learners": len(states)}
-        if len(states) > 1:
-            record["consensus_distance"] = round(consensus, 6)
-            self.metrics.consensus(consensus)
-        record.update(self.evaluator.dev_record())
-        record["wall_s"] = round(time.time() - start, 2)
-        self.evals.append(record)
-        with open(self.out_dir / "evals.jsonl", "a") as f:
-            f.write(strict_json.dumps(record) + "\n")
-        self.save_checkpoint(self.rollbacks.states, record["wall_s"], record["step"])
-        self.report(record)
+        self.snapshots.begin(train_loss, start)
 
-    def save_checkpoint(self, states: dict[int, dict], wall_s: float, step: int) -> Path:
-        """Checkpoint the whole job as of `step` (`job_checkpoint.JobCheckpoint`), mirrored to storage."""
-        path = JobCheckpoint.of(self, states, wall_s).save(self.out_dir, step, self.keep_checkpoints)
-        self.storage.push()
-        self._newest_checkpoint = path.name
-        return path
+    def poll_snapshot(self, wait: bool = False) -> None:
+        self.snapshots.poll(wait)
 
     def checkpoint_location(self) -> str:
         """Where the run's newest checkpoint is kept (`job_checkpoint.location`)."""
         self._newest_checkpoint = location_of_newest(self.storage, self.out_dir, self._newest_checkpoint)
         return self.storage.locate(self._newest_checkpoint) if self.storage.uri else str(self.out_dir / LATEST)
 
-    def on_every_learner(self, call: Callable) -> dict[int, object]:
-        """`call(slot)` (a remote call) on every live learner: their answers by id; those that are
-        gone are dropped."""
-        results, failed = self.runtime.gather({call(s): s.id for s in self.roster.slots()})
+    def on_every_learner(self, call: Callable, slots: list | None = None) -> dict[int, object]:
+        """`call(slot)` (a remote call) on every live learner (or on `slots`): their answers by id;
+        those that are gone are dropped."""
+        slots = self.roster.slots() if slots is None else slots
+        results, failed = self.runtime.gather({call(s): s.id for s in slots})
         for learner_id, error in failed:
             self.elastic.drop(learner_id, error)
         return dict(results)

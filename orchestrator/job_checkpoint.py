@@ -1,7 +1,10 @@
 """JobCheckpoint: what a job's checkpoint holds — the spec, every learner's state by learner id,
 the shard plan, the averaged model (what `chorus eval` reads) and the job's counters and curve —
-and putting a job back to it on resume. The file format (versioned, atomic, verified on load)
-is `checkpoint.py`'s."""
+and putting a job back to it on resume. The checkpoint file is the driver's small manifest: the
+learners' states and the averaged model are files the learners and the evaluator wrote into the
+run's store (`state_store.py`, `snapshot.py`), named there with their sizes and the learners'
+counters; on resume each learner reads its own. The file format (versioned, atomic, verified on
+load) is `checkpoint.py`'s."""
 
 from __future__ import annotations
 
@@ -18,10 +21,10 @@ SUPERSEDED = "evals.superseded.jsonl"  # evaluations past the checkpoint a resum
 @dataclass
 class JobCheckpoint:
     spec: dict
-    learners: list[dict]  # each learner's state: model, optimizer, counters
+    learners: list[dict]  # each learner's entry: {file, bytes, counters} (format 1: its whole state)
     learner_ids: list[int]
     planner: dict | None  # the ShardPlanner's state
-    model: dict  # the averaged model's state_dict
+    model: dict  # the averaged model's entry: {file, bytes} (format 1: its state_dict)
     job: dict  # wall_s, evals, retired_samples
 
     @classmethod
@@ -29,12 +32,12 @@ class JobCheckpoint:
         return cls(**{k: state[k] for k in cls.__dataclass_fields__})
 
     @classmethod
-    def of(cls, job, states: dict[int, dict], wall_s: float) -> JobCheckpoint:
-        """A running job's checkpoint, with `states` (learner id -> state) as its learners'."""
-        planner = job.elastic.planner
-        plan = job.runtime.get(planner.state.remote()) if job.runtime.distributed else planner.state()
-        return cls(spec=job.spec.model_dump(mode="json"), learners=list(states.values()), learner_ids=list(states),
-                   planner=plan, model=job.evaluator.state_dict(),
+    def of(cls, job, manifest: dict, wall_s: float) -> JobCheckpoint:
+        """A running job's checkpoint from a finished snapshot's `manifest` (learner entries by
+        id, the averaged model's entry, the shard plan)."""
+        learners = manifest["learners"]
+        return cls(spec=job.spec.model_dump(mode="json"), learners=list(learners.values()),
+                   learner_ids=list(learners), planner=manifest["planner"], model=manifest["model"],
                    job={"wall_s": wall_s, "evals": job.evals, "retired_samples": job.roster.retired_samples})
 
     def save(self, folder: Path, step: int, keep: int) -> Path:
@@ -46,10 +49,10 @@ class JobCheckpoint:
         Returns the wall seconds the job had trained."""
         by_id = dict(zip(self.learner_ids, self.learners, strict=True))
         first = self.learners[0]
-        job.runtime.get([s.handle.load_state.remote(by_id.get(s.id, first), s.id not in by_id) for s in slots])
+        job.runtime.get([load_entry(s.handle, job.store.root, by_id.get(s.id, first), s.id not in by_id)
+                         for s in slots])
         if self.planner:
-            job.runtime.get(job.elastic.planner.load.remote(self.planner) if job.runtime.distributed
-                            else job.elastic.planner.load(self.planner))
+            job.runtime.get(job.runtime.submit(job.elastic.service, "load", self.planner))
         job.roster.retired_samples = self.job.get("retired_samples", 0)
         job.evals = list(self.job["evals"])
         job.rollbacks.states = by_id
@@ -68,6 +71,14 @@ class JobCheckpoint:
             with open(out_dir / SUPERSEDED, "a") as f:
                 f.write("".join(line + "\n" for line in later))
         curve.write_text("".join(strict_json.dumps(r) + "\n" for r in evals))
+
+
+def load_entry(handle, store_root: str, entry: dict, adopt: bool):
+    """Start a learner's loading of a checkpoint's entry (a ref): a file in the store, or (format 1)
+    the state itself."""
+    if "file" in entry:
+        return handle.load_state_file.remote(store_root, entry, adopt)
+    return handle.load_state.remote(entry, adopt)
 
 
 def location_of_newest(storage, out_dir: Path, newest: str | None) -> str:

@@ -19,7 +19,9 @@ from contextlib import contextmanager
 import ray
 import torch
 
+from orchestrator import flat_state
 from orchestrator.runtime import call
+from orchestrator.state_store import StateStore
 from orchestrator.workload import build_workload
 
 
@@ -268,6 +270,7 @@ class LearnerService:
         self.learner = Learner(workload, workload_config, seed, learner_id, planner, threads)
         self.learner._slowdown = float(slowdown)
         self.group = None
+        self._trainable = None  # which entries of the model's flat state are trainable weights
         self._exit_in_join = self._exit_in_average = False
 
     def device(self) -> str:
@@ -410,6 +413,40 @@ class LearnerService:
 
     def load_state(self, state: dict, adopt: bool = False) -> None:
         self.learner.load_state(state, adopt)
+
+    # -- checkpoints and evaluation, without the driver holding a model ---------------------------
+    @ray.method(concurrency_group="mix")
+    def save_state(self, store_root: str, name: str) -> dict:
+        """Write this learner's state as `name` into the run's store (`state_store.py`); returns
+        the manifest's entry for it: the file, its bytes and the counters it holds."""
+        state = self.learner.state()
+        return {"file": name, "bytes": StateStore(store_root).write(name, state), "counters": state["counters"]}
+
+    def load_state_file(self, store_root: str, entry: dict, adopt: bool = False) -> None:
+        """`load_state` of a checkpoint's entry: its file read here, its counters (a file shared by
+        learners whose weights are equal holds one learner's) taken from the entry."""
+        state = StateStore(store_root).read(entry["file"])
+        self.learner.load_state({**state, "counters": entry.get("counters", state["counters"])}, adopt)
+
+    @ray.method(concurrency_group="mix")
+    def model_vector(self) -> torch.Tensor:
+        """The model's floating-point state as one flat CPU tensor (`flat_state.py`)."""
+        with self.learner.lock:
+            return flat_state.to_vector(self.learner.model)
+
+    @ray.method(concurrency_group="mix")
+    def add_vectors(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """a + b: one node of the tree in which learners sum their models (`consensus.py`)."""
+        return a + b
+
+    @ray.method(concurrency_group="mix")
+    def distance_to(self, total: torch.Tensor, count: int) -> float:
+        """L2 distance of this learner's trainable weights to those of the mean `total / count`."""
+        if self._trainable is None:
+            self._trainable = flat_state.trainable_mask(self.learner.model)
+        with self.learner.lock:
+            mine = flat_state.to_vector(self.learner.model)
+        return float((mine - total / count)[self._trainable].norm())
 
     def counters(self) -> dict:
         return self.learner.counters()

@@ -95,6 +95,7 @@ class TrainLoop:
         job, elastic = self.job, self.job.elastic
         if job.interrupted():
             raise KeyboardInterrupt
+        job.poll_snapshot()  # an evaluation and checkpoint that is done: its record and manifest
         elastic.poll()
         elastic.check_drains()
         elastic.retire_leaving(set(self.pending.values()), job.group.handover)
@@ -116,6 +117,7 @@ class TrainLoop:
         """A round's or chunk's answers; returns whether the loop may look at evaluations now."""
         job = self.job
         if job.rollbacks.diverged(results):  # a non-finite loss: back to the last checkpoint at half the rate
+            job.poll_snapshot(wait=True)  # one in flight is written only if its weights were still finite
             self.reform = job.rollbacks.roll_back(results, failed, self, job.out_dir / LATEST) or self.reform
             self.losses = []
             return False

@@ -1,10 +1,13 @@
-"""Rollbacks of a non-finite loss: the learner states of the last checkpoint (or the starting
-states, before the first), and putting every learner back to them at half the learning rate, at
-most the workload's `max_rollbacks` times; then `TrainingDiverged`."""
+"""Rollbacks of a non-finite loss: the learner entries of the last checkpoint (or of the starting
+state, before the first; files in the run's store, `state_store.py`), and putting every learner
+back to them at half the learning rate, at most the workload's `max_rollbacks` times; then
+`TrainingDiverged`. Each learner reads its state itself; the driver holds only the entries."""
 
 from __future__ import annotations
 
 import math
+
+from orchestrator.job_checkpoint import load_entry
 
 
 class TrainingDiverged(RuntimeError):
@@ -18,12 +21,18 @@ class Rollbacks:
 
     def __init__(self, job):
         self.job = job
-        self.states: dict[int, dict] = {}  # learner id -> state of the last checkpoint
+        self.states: dict[int, dict] = {}  # learner id -> its entry in the last checkpoint
         self.count = 0
         self.weights_diverged = False  # an evaluation read non-finite weights: roll back
 
     def first_state(self) -> dict | None:
         return next(iter(self.states.values()), None)
+
+    def adopt(self, handle) -> None:
+        """A newcomer with no live learner to start from takes the last checkpoint's first state."""
+        first = self.first_state()
+        if first is not None:
+            load_entry(handle, self.job.store.root, first, True)
 
     def diverged(self, results: list[tuple[int, dict]]) -> bool:
         """Whether a chunk's loss, or the weights the last evaluation read, are not finite."""
@@ -47,8 +56,8 @@ class Rollbacks:
                                    "optim.max_rollbacks")
         scale = 0.5 * min((s.stats.get("lr_scale", 1.0) for s in job.roster.live.values()), default=1.0)
         first = self.first_state()
-        job.on_every_learner(lambda s: s.handle.load_state.remote(self.states.get(s.id, first),
-                                                                  s.id not in self.states))
+        job.on_every_learner(lambda s: load_entry(s.handle, job.store.root, self.states.get(s.id, first),
+                                                  s.id not in self.states))
         job.on_every_learner(lambda s: s.handle.set_lr_scale.remote(scale))
         for learner_id, counters in job.on_every_learner(lambda s: s.handle.counters.remote()).items():
             job.roster.live[learner_id].stats = counters

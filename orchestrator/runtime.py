@@ -136,15 +136,22 @@ class RayRuntime:
         ).remote(workload, workload_config, seed, learner_id, planner, max(1, int(cpus)), slowdown)
 
     @staticmethod
-    def start_planner(job_id: str, planner_class):
-        """The job's shard planner as an actor on the driver's node (losing any other node never
-        loses it)."""
+    def start_service(job_id: str):
+        """The job's service (shard planner and evaluator, `job_service.py`) as an actor on the
+        driver's node (losing any other node never loses it)."""
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        return ray.remote(planner_class).options(
-            name=f"{job_id}/planner", num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(
+        from orchestrator.job_service import JobServiceActor
+
+        return JobServiceActor.options(
+            name=f"{job_id}/service", num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(
                 ray.get_runtime_context().get_node_id(), soft=False)).remote()
+
+    @staticmethod
+    def submit(target, method: str, *args):
+        """Start `method` on an actor; returns its object ref."""
+        return getattr(target, method).remote(*args)
 
 
 class LocalRuntime:
@@ -206,8 +213,15 @@ class LocalRuntime:
         return InProcessLearner(workload, workload_config, seed, learner_id, planner, threads, slowdown)
 
     @staticmethod
-    def start_planner(job_id: str, planner_class):
-        return planner_class([0])
+    def start_service(job_id: str):
+        from orchestrator.job_service import JobService
+
+        return JobService([0])
+
+    @staticmethod
+    def submit(target, method: str, *args):
+        """Run `method` of an object in this process now; its result as a `Done`."""
+        return Done(getattr(target, method)(*_values(args)))
 
 
 class InProcessLearner:
@@ -221,7 +235,7 @@ class InProcessLearner:
 
     def __getattr__(self, name):
         method = getattr(self._service, name)
-        return SimpleNamespace(remote=lambda *args, **kwargs: Done(method(*args, **kwargs)))
+        return SimpleNamespace(remote=lambda *args, **kwargs: Done(method(*_values(args), **kwargs)))
 
 
 class Done:
@@ -252,3 +266,8 @@ def fetch(values):
     if isinstance(values, Done):
         return values.value
     return ray.get(values) if isinstance(values, ray.ObjectRef) else values
+
+
+def _values(args: tuple) -> list:
+    """Arguments with each `Done` replaced by its value (as Ray resolves object refs)."""
+    return [a.value if isinstance(a, Done) else a for a in args]

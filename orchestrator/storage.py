@@ -7,7 +7,8 @@ a resume; `push()` — after every checkpoint and when the run ends, however it 
 each file that changed and deletes at the URI what the run deleted (older checkpoints), so the
 URI holds what a local run folder would. `checkpoint.pt`, a hard link to the newest numbered
 checkpoint locally, is not uploaded (it would double the bytes): a resume finds the newest
-`checkpoint-<step>.pt` itself.
+`checkpoint-<step>.pt` itself. The learners' and the evaluator's checkpoint files
+(`state_store.py`) are written straight to the URI by them, and read there: `pull` leaves them.
 
 Example:
     >>> storage = RunStorage("s3://bucket/runs/tiny?endpoint_override=127.0.0.1:9000&scheme=http")
@@ -91,8 +92,10 @@ class RunStorage:
         """Copy the run's files from the URI into the staging folder (before a resume)."""
         if self.uri is None:
             return
+        from orchestrator.state_store import is_store_file
+
         self.local.mkdir(parents=True, exist_ok=True)
-        for name in self.remote_files():
+        for name in [n for n in self.remote_files() if not is_store_file(n)]:
             try:
                 with self.fs.open_input_stream(f"{self.root}/{name}") as src, open(self.local / name, "wb") as dst:
                     while chunk := src.read(1 << 22):

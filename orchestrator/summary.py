@@ -9,7 +9,7 @@ from orchestrator import strict_json
 def summarize(job, train_wall: float, wall: float, first_loss: float | None) -> dict:
     """The summary of a finished `TrainingJob`: final scores (scored now), the last evaluation,
     counts, timings, events, recoveries, nodes and accelerators, skipped inputs, the checkpoint."""
-    finals = job.evaluator.finals()
+    finals = job.snapshots.finals()
     last = job.evals[-1] if job.evals else {}
     samples = job.roster.samples()
     events: dict[str, int] = {}

@@ -29,6 +29,7 @@ class GroupStrategy:
     name = "solo"
     lockstep = True  # the driver runs every learner's chunks in rounds and decides when to stop
     swaps_running = False  # members are swapped in while learners run (no re-forming)
+    replicas_equal = False  # every learner holds the same weights and optimizer state (one is the average)
 
     def __init__(self, spec, runtime):
         self.spec, self.runtime = spec, runtime
@@ -65,6 +66,11 @@ class GroupStrategy:
     def shares(self, roster) -> dict[int, float]:
         """Each learner's share of a step's batch, where the group has one."""
         return {}
+
+    def state_writers(self, ids: list[int]) -> list[int]:
+        """The learners whose states a checkpoint stores (one per distinct state; the others
+        store only their counters)."""
+        return ids[:1] if self.replicas_equal else list(ids)
 
     def _backend(self, handles) -> str:
         devices = set(self.runtime.get([h.device.remote() for h in handles]))
@@ -117,6 +123,7 @@ class AllreduceStrategy(GroupStrategy):
     """Synchronous SGD: rounds; with `group.balance`, shards and batches by measured speed."""
 
     name = "allreduce"
+    replicas_equal = True
 
     def members(self, roster) -> list:
         handles = [roster.live[i].handle for i in roster.order]

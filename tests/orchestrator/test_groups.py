@@ -6,6 +6,7 @@ import urllib.request
 import pytest
 import torch
 
+from orchestrator import checkpoint
 from orchestrator.capacity import place_learners, release
 from orchestrator.config import parse_spec
 from orchestrator.groups import AllreduceMember, GossipMember, ring_partners
@@ -263,7 +264,7 @@ def test_hierarchical_two_nodes_by_two_learners(ray_cluster, tmp_path):
     summary = job.run()
     # two nodes of two learners: two intra-node allreduce groups, a ring of the two leaders
     assert sorted(len(g) for g in job.node_groups) == [2, 2]
-    state = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    state = checkpoint.load(tmp_path).state  # the learners' states, read from the files it names
     weights = [torch.nn.utils.parameters_to_vector(
         [v for k, v in s["model"].items()]) for s in state["learners"]]
     mean = torch.stack(weights).mean(0)

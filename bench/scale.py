@@ -1,0 +1,322 @@
+"""Benchmark: what the control plane costs as a job grows from 2 to 32 learners (issue 18).
+
+For each group kind (gossip, allreduce, hierarchical) and N = 2, 4, 8, 16, 32, one job of the
+tests' `linear` workload (a 512 x 64 softmax regression: 32,832 parameters, 131 kB of weights;
+each step sleeps 0.1 s as a stand-in for a real model's step, so 32 learners fit this 2-core
+machine and what is measured is the orchestration, not CPU contention) runs on a
+`ray.cluster_utils.Cluster` of a head and 4 nodes of 2 CPUs, each learner holding 0.25 CPU, so
+the 32 learners are 4 nodes x 8 (hierarchical: 4 node groups of 8). Each job evaluates every 5 s.
+Measured, once every learner has stepped and an evaluation is done, over a window of 5 slices
+of 5 s (median and interquartile range over the slices):
+
+- bytes through the driver per evaluation (`job.snapshots.driver_bytes`: everything the driver
+  received for it, pickled) and per checkpoint (the manifest the driver writes), against one
+  model's bytes; and the bytes the learners and the evaluator wrote for each checkpoint;
+- the driver's CPU seconds per training round (a round: every learner runs one chunk of 8 steps);
+- the rounds' overhead in the learners' step time: the share of each learner's wall time, from
+  its first step in the slice to its last, not spent inside a step (waiting for the driver's
+  next chunk, a lockstep round's slowest member, an evaluation's copy of the weights);
+- peak memory (VmHWM) of the driver's process and of the largest learner.
+
+Then, at N = 32, 4 learners' processes are killed at once (SIGKILL) and their slots are placed
+again, so 4 newcomers join at once. Measured: from the kill to the group stepping without them
+(the slowest of the 4), and from each newcomer being ready (process started, model built, state
+loaded) to the group stepping with it (the slowest of the 4). Targets as in bench/elastic.py:
+<= 2 s gossip, <= 5 s allreduce (hierarchical is reported against the allreduce target).
+
+Targets (`passed`): bytes through the driver per evaluation and per checkpoint at most one
+model's bytes and not growing with N beyond the learners' counters (<= 2x from N=2 to N=32);
+overhead <= 5% at N = 32; the kill/add times above.
+
+Writes bench/results/scale.json and scale.png. Usage: .venv/bin/python bench/scale.py
+[--kinds gossip,allreduce,hierarchical] [--sizes 2,4,8,16,32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import matplotlib  # noqa: E402
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import ray  # noqa: E402
+from ray.cluster_utils import Cluster  # noqa: E402
+
+from orchestrator.config import parse_spec  # noqa: E402
+from orchestrator.job import TrainingJob  # noqa: E402
+from orchestrator.loop import CHUNK_STEPS  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results"
+WORK = ROOT / "bench" / "work" / "scale"
+NODES, CPUS_PER_NODE, CPUS_PER_LEARNER = 4, 2, 0.25
+FEATURES, CLASSES, STEP_S, BATCH = 512, 64, 0.1, 16
+SLICES, SLICE_S, EVAL_EVERY_S = 5, 5.0, 5.0
+KILLED = 4
+RECOVERY_TARGETS = {"gossip": 2.0, "allreduce": 5.0, "hierarchical": 5.0}
+OVERHEAD_TARGET = 0.05
+
+
+def start_cluster() -> Cluster:
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+    for _ in range(NODES):
+        cluster.add_node(num_cpus=CPUS_PER_NODE)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, log_to_driver=False)
+    return cluster
+
+
+def job_spec(kind: str, n: int):
+    return parse_spec({
+        "name": f"scale-{kind}-{n}", "workload": "linear", "seed": 0,
+        "learners": {"min": max(1, n - KILLED), "max": n}, "cpus_per_learner": CPUS_PER_LEARNER,
+        "group": {"kind": kind},
+        "data": {"samples": BATCH * n * 16, "features": FEATURES, "classes": CLASSES, "batch_size": BATCH,
+                 "compute_seconds": STEP_S, "eval_splits": ["dev"]},
+        "optim": {"lr": 0.05},
+        "budget": {"epochs": None, "wall_seconds": 900, "eval_every_seconds": EVAL_EVERY_S},
+    })
+
+
+def memory_kb(pid: int | str, field: str) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def wait_until(what: str, condition, timeout: float = 300.0):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        found = condition()
+        if found:
+            return found
+        time.sleep(0.05)
+    raise TimeoutError(f"timed out waiting for {what}")
+
+
+class Chunks:
+    """Every chunk report the driver takes, by learner: (step start times, step seconds)."""
+
+    def __init__(self, job):
+        self.by_learner: dict[int, list[tuple[float, float]]] = {}
+        observe = job.observe
+
+        def recording(learner_id, stats):
+            self.by_learner.setdefault(learner_id, []).extend(zip(stats["step_began"], stats["step_seconds"],
+                                                                  strict=True))
+            return observe(learner_id, stats)
+
+        job.observe = recording
+
+    def overhead(self, start: float, end: float) -> float | None:
+        """Median over learners of the share of [first step, last step end] inside the slice not in a step."""
+        shares = []
+        for steps in self.by_learner.values():
+            inside = [(b, s) for b, s in steps if start <= b and b + s <= end]
+            if len(inside) < 4:
+                continue
+            span = inside[-1][0] + inside[-1][1] - inside[0][0]
+            shares.append(1.0 - sum(s for _, s in inside) / span)
+        return statistics.median(shares) if shares else None
+
+    def steps(self, start: float, end: float) -> int:
+        return sum(1 for steps in self.by_learner.values() for b, s in steps if start <= b and b + s <= end)
+
+
+def summarize(values: list[float]) -> dict:
+    values = sorted(v for v in values if v is not None)
+    if not values:
+        return {"median": None, "iqr": [None, None], "n": 0}
+    q = statistics.quantiles(values, n=4, method="inclusive") if len(values) > 1 else [values[0]] * 3
+    return {"median": round(statistics.median(values), 6), "iqr": [round(q[0], 6), round(q[2], 6)],
+            "n": len(values)}
+
+
+def run(kind: str, n: int, kill: bool) -> dict:
+    out = WORK / f"{kind}-{n}"
+    job = TrainingJob(job_spec(kind, n), out, overwrite=True)
+    chunks = Chunks(job)
+    outcome: dict = {}
+    thread = threading.Thread(target=lambda: outcome.update(summary=job.run()), daemon=True)
+    thread.start()
+    try:
+        wait_until(f"{n} learners stepping and an evaluation", lambda: job.roster and len(job.roster.live) == n
+                   and all(s.stats.get("step", 0) >= CHUNK_STEPS for s in job.roster.live.values())
+                   and len(job.evals) >= 1)
+        slices = []
+        for _ in range(SLICES):
+            t0, cpu0 = time.time(), time.process_time()
+            time.sleep(SLICE_S)
+            t1, cpu1 = time.time(), time.process_time()
+            slices.append((t0, t1, cpu1 - cpu0))
+        time.sleep(2 * STEP_S * CHUNK_STEPS)  # the slices' last chunks reach the driver
+        cpu_per_round = [cpu / max(chunks.steps(t0, t1) / n / CHUNK_STEPS, 1e-9) for t0, t1, cpu in slices]
+        overhead = [chunks.overhead(t0, t1) for t0, t1, _ in slices]
+        pids = {e["learner"]: e["pid"] for e in job.events.recorded if e["kind"] == "join"}
+        learner_peak = max(memory_kb(pids[i], "VmHWM") for i in job.roster.live if i in pids)
+        recovery = kill_and_add(job, pids) if kill else None
+        manifests = sorted(out.glob("checkpoint-*.pt"))
+        manifest = json_bytes_of(manifests[-1]) if manifests else None
+    finally:
+        job.stop()
+        thread.join(timeout=300)
+    summary = outcome.get("summary") or {}
+    model_bytes = (FEATURES * CLASSES + CLASSES) * 4
+    return {
+        "kind": kind, "learners": n, "model_bytes": model_bytes,
+        "driver_bytes_per_evaluation": summarize(job.snapshots.driver_bytes),
+        "manifest_bytes_per_checkpoint": manifest["manifest"] if manifest else None,
+        "store_bytes_per_checkpoint": manifest["store"] if manifest else None,
+        "evaluations": len(job.snapshots.driver_bytes),
+        "driver_cpu_s_per_round": summarize(cpu_per_round),
+        "driver_cpu_share": summarize([cpu / (t1 - t0) for t0, t1, cpu in slices]),
+        "overhead": summarize(overhead),
+        "peak_rss_mb": {"driver": round(memory_kb("self", "VmHWM") / 1024, 1),
+                        "learner": round(learner_peak / 1024, 1)},
+        "recovery": recovery,
+        "summary_learners": summary.get("learners"),
+    }
+
+
+def json_bytes_of(manifest_path: Path) -> dict:
+    """The manifest's size and the sizes of the files it names (the learners' and evaluator's writes)."""
+    import torch
+
+    state = torch.load(manifest_path, weights_only=True)
+    files = {e["file"]: e["bytes"] for e in [state["model"], *state["learners"]]}
+    return {"manifest": manifest_path.stat().st_size, "store": sum(files.values()), "files": len(files)}
+
+
+def kill_and_add(job, pids: dict[int, int]) -> dict:
+    """SIGKILL 4 learners at once; time until the group steps without them, then until it steps
+    with the 4 newcomers placed in their slots."""
+    done = lambda cause, i: [r for r in job.recoveries if r["cause"] == cause and r["learner"] == i  # noqa: E731
+                             and r["stepping_at"]]
+    victims = sorted(job.roster.live)[-KILLED:] if job.group.name != "hierarchical" else \
+        [g[-1] for g in job.node_groups[:KILLED]]  # hierarchical: one learner of each node
+    before = {e["learner"] for e in job.events.recorded if e["kind"] == "join"}
+    killed = time.time()
+    for i in victims:
+        os.kill(pids[i], signal.SIGKILL)
+    failures = [wait_until(f"stepping without {i}", lambda i=i: done("failure", i))[0] for i in victims]
+    joins = wait_until("4 newcomers", lambda: (lambda js: js if len(js) >= KILLED else None)(
+        [e for e in job.events.recorded if e["kind"] == "join" and e["learner"] not in before]))
+    stepping = [wait_until(f"stepping with {e['learner']}", lambda e=e: done("join", e["learner"]))[0] for e in joins]
+    return {"killed": victims, "kill_to_stepping_s": round(max(r["stepping_at"] for r in failures) - killed, 3),
+            "detected_s": round(max(r["at"] for r in failures) - killed, 3),
+            "newcomers": [e["learner"] for e in joins],
+            "ready_to_stepping_s": round(max(r["stepping_at"] - e["ready_at"]
+                                             for r, e in zip(stepping, joins, strict=True)), 3),
+            "kill_to_all_stepping_s": round(max(r["stepping_at"] for r in stepping) - killed, 3)}
+
+
+def judge(runs: list[dict]) -> dict:
+    verdict = {}
+    for kind in sorted({r["kind"] for r in runs}):
+        mine = sorted((r for r in runs if r["kind"] == kind), key=lambda r: r["learners"])
+        model = mine[0]["model_bytes"]
+        evaluation = [r["driver_bytes_per_evaluation"]["median"] for r in mine]
+        manifest = [r["manifest_bytes_per_checkpoint"] for r in mine]
+        largest = mine[-1]
+        flat = max(evaluation) <= model and max(manifest) <= model and \
+            max(evaluation) <= 2 * min(evaluation) and max(manifest) <= 2 * min(manifest)
+        overhead = largest["overhead"]["median"]
+        rec = largest["recovery"]
+        target = RECOVERY_TARGETS[kind]
+        verdict[kind] = {
+            "driver_bytes_flat": flat,
+            "overhead_at_largest": overhead, "overhead_ok": overhead is not None and overhead <= OVERHEAD_TARGET,
+            "recovery_ok": rec is not None and rec["kill_to_stepping_s"] <= target
+            and rec["ready_to_stepping_s"] <= target,
+            "recovery_target_s": target,
+        }
+    return verdict
+
+
+def plot(result: dict, path: Path) -> None:
+    runs = result["runs"]
+    fig, axes = plt.subplots(1, 4, figsize=(19, 4.2))
+    for kind in sorted({r["kind"] for r in runs}):
+        mine = sorted((r for r in runs if r["kind"] == kind), key=lambda r: r["learners"])
+        ns = [r["learners"] for r in mine]
+        axes[0].plot(ns, [r["driver_bytes_per_evaluation"]["median"] / 1e3 for r in mine], "o-",
+                     label=f"{kind}: per evaluation")
+        axes[0].plot(ns, [r["manifest_bytes_per_checkpoint"] / 1e3 for r in mine], "s--",
+                     label=f"{kind}: manifest per checkpoint")
+        axes[1].errorbar(ns, [r["driver_cpu_s_per_round"]["median"] * 1e3 for r in mine],
+                         yerr=_iqr_bars(mine, "driver_cpu_s_per_round", 1e3), fmt="o-", capsize=3, label=kind)
+        axes[2].errorbar(ns, [r["overhead"]["median"] * 100 for r in mine], yerr=_iqr_bars(mine, "overhead", 100),
+                         fmt="o-", capsize=3, label=kind)
+        axes[3].plot(ns, [r["peak_rss_mb"]["learner"] for r in mine], "o-", label=f"{kind}: largest learner")
+    model_kb = runs[0]["model_bytes"] / 1e3
+    axes[0].axhline(model_kb, color="grey", ls=":", label=f"one model ({model_kb:.0f} kB)")
+    axes[0].set(title="bytes through the driver", xlabel="learners", ylabel="kB", xscale="log", yscale="log")
+    axes[1].set(title="driver CPU per round (median, IQR)", xlabel="learners", ylabel="ms", xscale="log")
+    axes[2].axhline(OVERHEAD_TARGET * 100, color="grey", ls=":", label="target")
+    axes[2].set(title="learners' time outside steps", xlabel="learners", ylabel="%", xscale="log")
+    axes[3].set(title=f"peak RSS (driver: {max(r['peak_rss_mb']['driver'] for r in runs):.0f} MB)",
+                xlabel="learners", ylabel="MB", xscale="log")
+    for ax in axes:
+        ax.legend(fontsize=7)
+    fig.suptitle(f"bench/scale.py: linear workload, {STEP_S:g} s steps, 4 nodes x 2 CPUs, "
+                 f"{CPUS_PER_LEARNER:g} CPU per learner; passed: {result['passed']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def _iqr_bars(runs, key, scale):
+    return [[(r[key]["median"] - r[key]["iqr"][0]) * scale for r in runs],
+            [(r[key]["iqr"][1] - r[key]["median"]) * scale for r in runs]]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kinds", default="gossip,allreduce,hierarchical")
+    parser.add_argument("--sizes", default="2,4,8,16,32")
+    args = parser.parse_args()
+    kinds, sizes = args.kinds.split(","), [int(s) for s in args.sizes.split(",")]
+    WORK.mkdir(parents=True, exist_ok=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    cluster = start_cluster()
+    runs = []
+    started = time.time()
+    try:
+        for n in sizes:  # the kinds interleaved at each size
+            for kind in kinds:
+                result = run(kind, n, kill=n == max(sizes))
+                print(json.dumps(result), flush=True)
+                runs.append(result)
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+    verdict = judge(runs)
+    passed = all(v["driver_bytes_flat"] and v["overhead_ok"] and v["recovery_ok"] for v in verdict.values())
+    result = {"benchmark": "scale", "passed": passed, "verdict": verdict, "runs": runs,
+              "wall_s": round(time.time() - started, 1),
+              "setup": {"nodes": NODES, "cpus_per_node": CPUS_PER_NODE, "cpus_per_learner": CPUS_PER_LEARNER,
+                        "features": FEATURES, "classes": CLASSES, "step_s": STEP_S, "batch": BATCH,
+                        "slices": SLICES, "slice_s": SLICE_S, "eval_every_s": EVAL_EVERY_S, "killed": KILLED},
+              "commit": os.popen(f"git -C {ROOT} rev-parse --short HEAD").read().strip()}
+    (RESULTS / "scale.json").write_text(json.dumps(result, indent=2, allow_nan=False) + "\n")
+    plot(result, RESULTS / "scale.png")
+    print(json.dumps({"passed": passed, "verdict": verdict}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
