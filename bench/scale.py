@@ -16,7 +16,8 @@ of 5 s (median and interquartile range over the slices):
 - the rounds' overhead in the learners' step time: the share of each learner's wall time, from
   its first step in the slice to its last, not spent inside a step (waiting for the driver's
   next chunk, a lockstep round's slowest member, an evaluation's copy of the weights);
-- peak memory (VmHWM) of the driver's process and of the largest learner.
+- peak memory (VmHWM, which counts the shared pages of torch's libraries too) of the driver's
+  process and of the largest learner, and their own memory (USS: private pages) at the end.
 
 Then, at N = 32, 4 learners' processes are killed at once (SIGKILL) and their slots are placed
 again, so 4 newcomers join at once. Measured: from the kill to the group stepping without them
@@ -99,6 +100,16 @@ def memory_kb(pid: int | str, field: str) -> int:
     return 0
 
 
+def private_mb(pid: int | str) -> float:
+    """The process's own memory (USS: private pages; its libraries' shared pages not counted)."""
+    try:
+        rollup = Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()
+    except OSError:
+        return 0.0
+    kb = sum(int(line.split()[1]) for line in rollup if line.startswith(("Private_Clean:", "Private_Dirty:")))
+    return round(kb / 1024, 1)
+
+
 def wait_until(what: str, condition, timeout: float = 300.0):
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -169,6 +180,8 @@ def run(kind: str, n: int, kill: bool) -> dict:
         overhead = [chunks.overhead(t0, t1) for t0, t1, _ in slices]
         pids = {e["learner"]: e["pid"] for e in job.events.recorded if e["kind"] == "join"}
         learner_peak = max(memory_kb(pids[i], "VmHWM") for i in job.roster.live if i in pids)
+        learner_private = max(private_mb(pids[i]) for i in job.roster.live if i in pids)
+        driver_private = private_mb("self")
         recovery = kill_and_add(job, pids) if kill else None
         manifests = sorted(out.glob("checkpoint-*.pt"))
         manifest = json_bytes_of(manifests[-1]) if manifests else None
@@ -188,6 +201,7 @@ def run(kind: str, n: int, kill: bool) -> dict:
         "overhead": summarize(overhead),
         "peak_rss_mb": {"driver": round(memory_kb("self", "VmHWM") / 1024, 1),
                         "learner": round(learner_peak / 1024, 1)},
+        "private_mb": {"driver": driver_private, "learner": learner_private},
         "recovery": recovery,
         "summary_learners": summary.get("learners"),
     }

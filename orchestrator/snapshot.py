@@ -30,6 +30,7 @@ from orchestrator.state_store import START, model_file, state_file
 from orchestrator.workload import EVAL_SPLITS
 
 RETRY = "retry"  # finish(): a learner died during the snapshot; take a new one without it
+MAX_RETRIES = 10  # more in a row is not learners dying (the job's service is gone): an error
 
 
 class Snapshot:
@@ -76,19 +77,23 @@ class Snapshot:
     def finish(self) -> dict | str | None:
         """The evaluation's outcome once every part is done (waits for it): the record (and the
         checkpoint written), None when the averaged weights are not finite (nothing written; the
-        job rolls back), or RETRY when a learner died meanwhile (it is dropped)."""
+        job rolls back), or RETRY when a learner died meanwhile. A learner whose own part (its
+        state or counters) failed is dropped; the sums and distances fail with any learner of
+        the tree, so their failures name nobody."""
         job, runtime = self.job, self.job.runtime
         entries, failed = runtime.gather(dict(self.entries))
-        distances, failed_too = runtime.gather(dict(self.distances))
-        for learner_id, error in failed + failed_too:
+        for learner_id, error in failed:
             job.elastic.drop(learner_id, error)
         try:
+            distances, lost = runtime.gather(dict(self.distances))
             result, plan = runtime.get(self.evaluation), runtime.get(self.plan)
-        except Exception as exc:  # noqa: BLE001 - a learner of the tree died: its part failed
-            if not (failed or failed_too) and not runtime.failed_remotely(exc):
+        except Exception as exc:  # noqa: BLE001 - the tree lost a learner: its sum failed
+            if not (failed or runtime.failed_remotely(exc)):
                 raise
+            self.error = exc
             return RETRY
-        if failed or failed_too:
+        if failed or lost:
+            self.error = (failed or lost)[0][1]
             return RETRY
         self.driver_bytes = len(pickle.dumps((entries, distances, result, plan)))
         if not result["finite"]:
@@ -120,6 +125,7 @@ class Snapshots:
     def __init__(self, job):
         self.job = job
         self.current: Snapshot | None = None  # the one in flight
+        self.retries = 0  # snapshots in a row that a dying learner spoiled
         self.driver_bytes: list[int] = []  # what the driver received for each finished snapshot
 
     def begin(self, train_loss: float, start: float) -> None:
@@ -136,6 +142,9 @@ class Snapshots:
         while self.current is not None and (wait or self.current.ready()):
             snapshot, self.current = self.current, None
             record = snapshot.finish()
+            self.retries = self.retries + 1 if record == RETRY else 0
+            if self.retries > MAX_RETRIES:
+                raise RuntimeError(f"{self.retries} evaluations in a row failed; the last: {snapshot.error}")
             if record == RETRY:
                 if job.roster.slots():
                     self.current = Snapshot(job, snapshot.train_loss, snapshot.start)

@@ -3,11 +3,11 @@
 A learner whose process hangs (a deadlocked data loader, a wedged GPU, a stopped process) does
 not die, so Ray never reports it; a collective group would wait on it without bound. While a
 learner runs a chunk, the driver asks it for a heartbeat every few seconds (served on its `mix`
-thread, so a learner mid-step answers): its step count and since when its current step has been
-computing (time spent waiting on its group does not count: a learner blocked in an all-reduce
-by a stuck peer is not stuck itself). A learner is stuck when it has computed one step, or not
-answered, for longer than `max(learners.stuck_after_s, learners.stuck_step_multiple x its median
-step time)`.
+thread, so a learner mid-step answers; read at the next round, never waited for): its step count
+and since when its current step has been computing (time spent waiting on its group does not
+count: a learner blocked in an all-reduce by a stuck peer is not stuck itself). A learner is
+stuck when it has computed one step, or not answered, for longer than
+`max(learners.stuck_after_s, learners.stuck_step_multiple x its median step time)`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import time
 from collections import deque
 
 HEARTBEAT_EVERY_S = 2.0  # how often running learners are asked
-HEARTBEAT_WAIT_S = 2.0  # how long one round of heartbeats may take
 
 
 class Watchdog:
@@ -30,6 +29,7 @@ class Watchdog:
         self._step_s: dict[int, deque] = {}
         self._answered_at: dict[int, float] = {}
         self._last_check = 0.0
+        self._asked: dict = {}  # the last round's heartbeat refs -> (learner id, when asked)
 
     def observe(self, learner_id: int, step_seconds: list[float]) -> None:
         """A chunk's step times (the median of the last 50 sets the learner's bound)."""
@@ -41,8 +41,10 @@ class Watchdog:
         return max(self.after_s, self.step_multiple * median)
 
     def stuck(self, running: dict[int, object]) -> list[tuple[int, str]]:
-        """(learner id, why) of the running learners (id -> actor handle) that are stuck; asks at
-        most every HEARTBEAT_EVERY_S and waits at most HEARTBEAT_WAIT_S."""
+        """(learner id, why) of the running learners (id -> actor handle) that are stuck. Every
+        HEARTBEAT_EVERY_S it judges the answers to the heartbeats it sent the time before (one
+        not answered by now is silent) and sends the next round; it never waits, so the driver's
+        loop goes on dispatching chunks whatever the number of learners."""
         import ray
 
         now = time.time()
@@ -52,27 +54,34 @@ class Watchdog:
         for learner_id in list(self._answered_at):
             if learner_id not in running:  # between chunks: its silence starts counting afresh
                 del self._answered_at[learner_id]
-        refs = {handle.heartbeat.remote(): learner_id for learner_id, handle in running.items()}
-        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=HEARTBEAT_WAIT_S)
+        asked, self._asked = self._asked, {}
+        ready, _ = ray.wait(list(asked), num_returns=len(asked), timeout=0) if asked else ([], [])
         answers = {}
         for ref in ready:
             try:
-                answers[refs[ref]] = ray.get(ref)
+                answers[asked[ref][0]] = ray.get(ref)
             except ray.exceptions.RayError:  # gone: its run reports that
                 pass
-        now, found = time.time(), []
-        for learner_id in running:
-            limit = self.limit_s(learner_id)
-            beat = answers.get(learner_id)
-            if beat is None:
-                silent_since = self._answered_at.setdefault(learner_id, now - HEARTBEAT_WAIT_S)
-                if now - silent_since > limit:
-                    found.append((learner_id, f"stuck: no answer for {now - silent_since:.0f} s "
-                                              f"(limit {limit:.0f} s)"))
-                continue
-            self._answered_at[learner_id] = now
-            since = beat["computing_since"]
-            if since is not None and now - since > limit:
-                found.append((learner_id, f"stuck: step {beat['step'] + 1} computing for {now - since:.0f} s "
-                                          f"(limit {limit:.0f} s: learners.stuck_after_s / stuck_step_multiple)"))
+        found = []
+        for learner_id, asked_at in asked.values():
+            if learner_id in running:
+                why = self._judge(learner_id, answers.get(learner_id), asked_at, now)
+                if why:
+                    found.append((learner_id, why))
+        self._asked = {handle.heartbeat.remote(): (learner_id, now) for learner_id, handle in running.items()
+                       if learner_id not in {i for i, _ in found}}
         return found
+
+    def _judge(self, learner_id: int, beat: dict | None, asked_at: float, now: float) -> str | None:
+        limit = self.limit_s(learner_id)
+        if beat is None:
+            silent_since = self._answered_at.setdefault(learner_id, asked_at)
+            if now - silent_since > limit:
+                return f"stuck: no answer for {now - silent_since:.0f} s (limit {limit:.0f} s)"
+            return None
+        self._answered_at[learner_id] = now
+        since = beat["computing_since"]
+        if since is not None and now - since > limit:
+            return (f"stuck: step {beat['step'] + 1} computing for {now - since:.0f} s "
+                    f"(limit {limit:.0f} s: learners.stuck_after_s / stuck_step_multiple)")
+        return None

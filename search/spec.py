@@ -70,7 +70,8 @@ class SweepSpec(BaseModel):
         learners: learners per trial (each a bundle of the trial's placement group).
         learners_per_rung: rung-aware scaling: learners for a trial training in the k-th rung
             (budget.rungs()); a promoted trial resumes from its checkpoint with more learners.
-        driver_cpus: CPUs reserved for each trial's driver (it evaluates the averaged model).
+        driver_cpus: CPUs reserved for each trial's driver and its job's service beside it (the
+            shard planner and the evaluator of the averaged model).
         cpus_per_learner: CPUs reserved for each learner of a trial [default: the job's, else 1].
         seed: the searchers' seed.
     """

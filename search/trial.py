@@ -2,8 +2,9 @@
 trainable.
 
 Tune reserves the whole trial in one placement group (`trial_resources`): bundle 0 for the
-trial's driver (this function: it runs the job loop and evaluates the averaged model) and one
-bundle per learner, which the job places its learner actors in (`capacity.BundlePool`). So
+trial's driver (this function: it runs the job loop; its job's service, which evaluates the
+averaged model, runs beside it on the same node) and one bundle per learner, which the job
+places its learner actors in (`capacity.BundlePool`). So
 concurrent trials never hold more than the cluster has, and a trial never waits for learners
 that another trial holds.
 
