@@ -223,16 +223,45 @@ def leaves_the_cluster_as_found(request):
     cluster = request.getfixturevalue("ray_cluster")
     before = cluster_state()
     yield
+    report = getattr(request.node, "rep_call", None)
+    passed = report is not None and report.passed
+    running = _end_job_threads()
+    leftovers = _settled(before)
+    if leftovers:
+        described = _describe(leftovers)
+        _remove(leftovers, cluster)
+        still = _settled(before)  # the next test starts on the cluster this one found
+        if still:
+            pytest.fail(f"the test left on the cluster: {described}; still there after removing it: {still}")
+        if passed:
+            pytest.fail(f"the test left on the cluster: {described}")
+    if running and passed:
+        pytest.fail(f"the test ended with its job(s) still running: {running}")
+
+
+def _settled(before: dict[str, set]) -> dict[str, set]:
+    """`_leftovers(before)`, once it is empty or LEFTOVER_GRACE_S have passed."""
     deadline = time.time() + LEFTOVER_GRACE_S
     leftovers = _leftovers(before)
     while leftovers and time.time() < deadline:
         time.sleep(0.5)
         leftovers = _leftovers(before)
-    if leftovers:
-        _remove(leftovers, cluster)
-        report = getattr(request.node, "rep_call", None)
-        if report is not None and report.passed:
-            pytest.fail(f"the test left on the cluster: {leftovers}")
+    return leftovers
+
+
+def _describe(leftovers: dict[str, set]) -> dict[str, list]:
+    """Leftovers by name where Ray knows one (actors: class and name; placement groups: name and
+    state), so a failure says whose they are."""
+    import ray
+    from ray.util import placement_group_table
+
+    actors, groups = ray._private.state.actors(), placement_group_table()
+    named = {"actors": [f"{actors[a]['ActorClassName']} {actors[a].get('Name') or a}" for a in
+                        leftovers.get("actors", ()) if a in actors],
+             "placement groups": [f"{groups[g]['name'] or g} ({groups[g]['state']})" for g in
+                                  leftovers.get("placement groups", ()) if g in groups]}
+    rest = {k: sorted(v) for k, v in leftovers.items() if k not in named}
+    return {k: v for k, v in {**named, **rest}.items() if v}
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -362,9 +391,14 @@ def stub_corpus(tmp_path) -> Path:
     return root
 
 
+_JOB_THREADS: list[tuple[object, threading.Thread]] = []  # run_in_thread's jobs, ended by the test's teardown
+
+
 def run_in_thread(job) -> threading.Thread:
     """Run a `TrainingJob` in a daemon thread; `thread.outcome` gets its summary, or the error that
-    escaped it (with its traceback)."""
+    escaped it (with its traceback). A job still running when its test ends (the test failed
+    midway) is stopped then (`jobs_end_with_their_test`): it must not go on asking for learners
+    on a cluster that the next test uses."""
     outcome = {}
 
     def run():
@@ -378,7 +412,27 @@ def run_in_thread(job) -> threading.Thread:
     thread = threading.Thread(target=run, daemon=True)
     thread.outcome = outcome
     thread.start()
+    _JOB_THREADS.append((job, thread))
     return thread
+
+
+def _end_job_threads() -> list[str]:
+    """Stop the jobs of `run_in_thread` that still run (cleanly: they release their learners);
+    one that does not end is interrupted. Names those that had to be stopped."""
+    stopped = []
+    while _JOB_THREADS:
+        job, thread = _JOB_THREADS.pop()
+        if not thread.is_alive():
+            continue
+        stopped.append(getattr(job, "job_id", repr(job)))
+        job.stop()
+        thread.join(timeout=90)
+        if thread.is_alive():
+            job.interrupt()
+            thread.join(timeout=30)
+        if thread.is_alive():
+            stopped[-1] += " (still running after stop and interrupt)"
+    return stopped
 
 
 def stop_job(job, thread: threading.Thread, timeout: float = 120) -> dict:
