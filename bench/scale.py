@@ -12,10 +12,11 @@ of 5 s (median and interquartile range over the slices):
 - bytes through the driver per evaluation (`job.snapshots.driver_bytes`: everything the driver
   received for it, pickled) and per checkpoint (the manifest the driver writes), against one
   model's bytes; and the bytes the learners and the evaluator wrote for each checkpoint;
-- the driver's CPU seconds per training round (a round: every learner runs one chunk of 8 steps);
+- the driver's CPU seconds per training round (a round: every learner runs one chunk of steps);
 - the rounds' overhead in the learners' step time: the share of each learner's wall time, from
   its first step in the slice to its last, not spent inside a step (waiting for the driver's
-  next chunk, a lockstep round's slowest member, an evaluation's copy of the weights);
+  next chunk, a lockstep round's slowest member, an evaluation's copy of the weights), and the
+  part of it spent between chunks (waiting for the driver);
 - peak memory (VmHWM, which counts the shared pages of torch's libraries too) of the driver's
   process and of the largest learner, and their own memory (USS: private pages) at the end.
 
@@ -130,23 +131,36 @@ class Chunks:
         def recording(learner_id, stats):
             self.by_learner.setdefault(learner_id, []).extend(zip(stats["step_began"], stats["step_seconds"],
                                                                   strict=True))
+            if stats["step_began"]:
+                self.chunk_starts.setdefault(learner_id, set()).add(stats["step_began"][0])
             return observe(learner_id, stats)
+
+        self.chunk_starts: dict[int, set[float]] = {}  # the first step's start time of every chunk
 
         job.observe = recording
 
-    def overhead(self, start: float, end: float) -> float | None:
-        """Median over learners of the share of [first step, last step end] inside the slice not in a step."""
+    def overhead(self, start: float, end: float, between_chunks: bool = False) -> float | None:
+        """Median over learners of the share of [first step, last step end] inside the slice not in
+        a step (`between_chunks`: only the gaps before a chunk's first step, where a learner waits
+        for the driver)."""
         shares = []
-        for steps in self.by_learner.values():
+        for learner_id, steps in self.by_learner.items():
             inside = [(b, s) for b, s in steps if start <= b and b + s <= end]
             if len(inside) < 4:
                 continue
             span = inside[-1][0] + inside[-1][1] - inside[0][0]
-            shares.append(1.0 - sum(s for _, s in inside) / span)
+            if between_chunks:
+                firsts = self.chunk_starts.get(learner_id, set())
+                gaps = [b - (pb + ps) for (pb, ps), (b, _) in zip(inside, inside[1:], strict=False)
+                        if b in firsts]
+                shares.append(sum(gaps) / span)
+            else:
+                shares.append(1.0 - sum(s for _, s in inside) / span)
         return statistics.median(shares) if shares else None
 
-    def steps(self, start: float, end: float) -> int:
-        return sum(1 for steps in self.by_learner.values() for b, s in steps if start <= b and b + s <= end)
+    def chunks(self, start: float, end: float) -> int:
+        """Chunks begun in [start, end) (every learner's)."""
+        return sum(1 for firsts in self.chunk_starts.values() for b in firsts if start <= b < end)
 
 
 def summarize(values: list[float]) -> dict:
@@ -175,14 +189,15 @@ def run(kind: str, n: int, kill: bool) -> dict:
             time.sleep(SLICE_S)
             t1, cpu1 = time.time(), time.process_time()
             slices.append((t0, t1, cpu1 - cpu0))
-        time.sleep(2 * STEP_S * CHUNK_STEPS)  # the slices' last chunks reach the driver
-        cpu_per_round = [cpu / max(chunks.steps(t0, t1) / n / CHUNK_STEPS, 1e-9) for t0, t1, cpu in slices]
+        time.sleep(10.0)  # the slices' last chunks reach the driver (a round of 32 allreduce learners: ~4 s)
+        cpu_per_round = [cpu / max(chunks.chunks(t0, t1) / n, 1e-9) for t0, t1, cpu in slices]
         overhead = [chunks.overhead(t0, t1) for t0, t1, _ in slices]
+        between = [chunks.overhead(t0, t1, between_chunks=True) for t0, t1, _ in slices]
         pids = {e["learner"]: e["pid"] for e in job.events.recorded if e["kind"] == "join"}
         learner_peak = max(memory_kb(pids[i], "VmHWM") for i in job.roster.live if i in pids)
         learner_private = max(private_mb(pids[i]) for i in job.roster.live if i in pids)
         driver_private = private_mb("self")
-        recovery = kill_and_add(job, pids) if kill else None
+        recovery = kill_and_add(job, pids, chunks) if kill else None
         manifests = sorted(out.glob("checkpoint-*.pt"))
         manifest = json_bytes_of(manifests[-1]) if manifests else None
     finally:
@@ -199,6 +214,7 @@ def run(kind: str, n: int, kill: bool) -> dict:
         "driver_cpu_s_per_round": summarize(cpu_per_round),
         "driver_cpu_share": summarize([cpu / (t1 - t0) for t0, t1, cpu in slices]),
         "overhead": summarize(overhead),
+        "overhead_between_chunks": summarize(between),
         "peak_rss_mb": {"driver": round(memory_kb("self", "VmHWM") / 1024, 1),
                         "learner": round(learner_peak / 1024, 1)},
         "private_mb": {"driver": driver_private, "learner": learner_private},
@@ -216,7 +232,7 @@ def json_bytes_of(manifest_path: Path) -> dict:
     return {"manifest": manifest_path.stat().st_size, "store": sum(files.values()), "files": len(files)}
 
 
-def kill_and_add(job, pids: dict[int, int]) -> dict:
+def kill_and_add(job, pids: dict[int, int], chunks: Chunks) -> dict:
     """SIGKILL 4 learners at once; time until the group steps without them, then until it steps
     with the 4 newcomers placed in their slots."""
     done = lambda cause, i: [r for r in job.recoveries if r["cause"] == cause and r["learner"] == i  # noqa: E731
@@ -231,8 +247,19 @@ def kill_and_add(job, pids: dict[int, int]) -> dict:
     joins = wait_until("4 newcomers", lambda: (lambda js: js if len(js) >= KILLED else None)(
         [e for e in job.events.recorded if e["kind"] == "join" and e["learner"] not in before]))
     stepping = [wait_until(f"stepping with {e['learner']}", lambda e=e: done("join", e["learner"]))[0] for e in joins]
+    placed_s = [round(e["ready_at"] - e["ready_s"] - killed, 3) for e in joins]
     return {"killed": victims, "kill_to_stepping_s": round(max(r["stepping_at"] for r in failures) - killed, 3),
+            # each newcomer, from the kill: its slot placed, it ready (built, state loaded), the
+            # driver taking it in (join), its ring swapped in (regrouped), its first step done
+            "newcomer_timeline_s": [{"learner": e["learner"], "placed": p, "ready": round(e["ready_at"] - killed, 3),
+                                     "joined": round(r["at"] - killed, 3),
+                                     "regrouped": round(r["regrouped_at"] - killed, 3),
+                                     "stepping": round(r["stepping_at"] - killed, 3),
+                                     "first_steps": [(round(b - killed, 3), round(d, 3)) for b, d in
+                                                     chunks.by_learner.get(e["learner"], [])[:3]]}
+                                    for e, r, p in zip(joins, stepping, placed_s, strict=True)],
             "detected_s": round(max(r["at"] for r in failures) - killed, 3),
+            "regrouped_s": round(max(r["regrouped_at"] for r in failures) - killed, 3),
             "newcomers": [e["learner"] for e in joins],
             "ready_to_stepping_s": round(max(r["stepping_at"] - e["ready_at"]
                                              for r, e in zip(stepping, joins, strict=True)), 3),

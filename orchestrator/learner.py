@@ -359,6 +359,8 @@ class LearnerService:
         learner = self.learner
         learner.progress = progress
         target, idle, broken = learner.step + steps, 0, None
+        if learner.leaving and getattr(self.group, "stops_alone", True):
+            target = learner.step  # a chunk queued before it was told to leave: it leaves instead
         while learner.step < target and idle < 2:
             if deadline is not None and time.time() >= deadline:
                 break

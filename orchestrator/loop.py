@@ -13,11 +13,18 @@ is the job's (`job.py`): the loop only calls them.
 from __future__ import annotations
 
 import time
+from collections import Counter
 
 from orchestrator.checkpoint import LATEST
 from orchestrator.watchdog import HEARTBEAT_EVERY_S
 
 CHUNK_STEPS = 8  # steps per `run` call: how often the driver looks at budget and evaluations
+ROUND_LEARNERS = 16  # a lockstep round of more learners runs longer chunks (CHUNK_STEPS per 16 learners):
+# the driver's work between rounds (gathering every answer, sending every call) grows with the
+# learners, and all of them wait for it, so the round grows with it and the waiting stays a flat share
+QUEUED_CHUNKS = 2  # chunks a lone free-running learner has in flight: its next waits in its actor's
+# queue behind the one it runs, so it never waits for the driver between chunks (with 32 learners
+# the driver takes a while to get round to each one's answer)
 UNRESPONSIVE_S = 5.0  # a round's member that neither finishes nor answers a ping this long after a
 # collective broke is taken for dead (its node may be gone before Ray has declared it dead)
 
@@ -131,29 +138,35 @@ class TrainLoop:
             if stats.get("broken"):
                 self.reform = True
         for learner_id, error in failed:
+            self._forget(learner_id)
             job.elastic.drop(learner_id, error)
         return bool(job.roster.live) and not self.reform and not job.roster.changes
 
+    def _forget(self, learner_id: int) -> None:
+        """A learner's chunks still queued (it is being dropped: they would only fail)."""
+        self.pending = {ref: i for ref, i in self.pending.items() if i != learner_id}
+
     def _dispatch(self, slot, own_deadline: bool) -> None:
-        # while a learner is starting, collective rounds are short, so it joins soon after it is ready
-        steps = CHUNK_STEPS if not (self.job.group.lockstep and self.job.roster.arriving) else 2
+        steps = chunk_steps(self.job.group.lockstep, len(self.job.roster), bool(self.job.roster.arriving))
         ref = slot.handle.run.remote(steps, self.deadline if own_deadline else None, self.budget.epochs,
                                      self.progress())
         self.pending[ref] = slot.id
 
     def _dispatch_free(self) -> None:
-        """Free-running learners that are between chunks start their next. Learners that share a
-        collective (a hierarchical node) start their chunks together and stop together (same
-        steps, no deadline of their own): one left out would keep its peers waiting inside an
-        all-reduce."""
+        """Free-running learners get their next chunks (a lone one: QUEUED_CHUNKS in flight). The
+        learners of a hierarchical node share a collective: they run one chunk at a time, together
+        (same steps, no deadline of their own), or one left out would keep its peers waiting."""
         if self.reform:
             return
-        running, roster = set(self.pending.values()), self.job.roster
+        in_flight, roster = Counter(self.pending.values()), self.job.roster
         for unit in self.job.group.dispatch_units():
             slots = [roster.live[i] for i in unit]
-            if all(s.id not in running and s.in_group and not self.done(s.stats) for s in slots):
+            depth = QUEUED_CHUNKS if len(slots) == 1 else 1  # a node's learners: one chunk at a time, together
+            while all(in_flight[s.id] < depth and s.in_group and not s.leaving and not self.done(s.stats)
+                      for s in slots):
                 for slot in slots:
                     self._dispatch(slot, own_deadline=len(slots) == 1)
+                    in_flight[slot.id] += 1
 
     def _any_back(self) -> tuple[list, list]:
         """The chunks back within a second (or sooner, when a newcomer answers); stuck learners dropped."""
@@ -214,9 +227,16 @@ class TrainLoop:
             return
         running = {i: job.roster.live[i].handle for i in self.pending.values() if i in job.roster}
         for learner_id, why in job.watchdog.stuck(running):
-            for ref in [ref for ref, i in self.pending.items() if i == learner_id]:
-                del self.pending[ref]
+            self._forget(learner_id)
             job.elastic.drop(learner_id, why)
+
+
+def chunk_steps(lockstep: bool, learners: int, arriving: bool) -> int:
+    """Steps in a learner's next chunk: CHUNK_STEPS, times one per ROUND_LEARNERS learners in a
+    lockstep round; 2 while a learner starts, so it joins a lockstep group soon after it is ready."""
+    if not lockstep:
+        return CHUNK_STEPS
+    return 2 if arriving else CHUNK_STEPS * -(-learners // ROUND_LEARNERS)
 
 
 def mean_loss(losses: list[tuple[float, int]]) -> float:
