@@ -162,7 +162,7 @@ class TrainLoop:
         for unit in self.job.group.dispatch_units():
             slots = [roster.live[i] for i in unit]
             depth = QUEUED_CHUNKS if len(slots) == 1 else 1  # a node's learners: one chunk at a time, together
-            while all(in_flight[s.id] < depth and s.in_group and not s.leaving and not self.done(s.stats)
+            while slots and all(in_flight[s.id] < depth and s.in_group and not s.leaving and not self.done(s.stats)
                       for s in slots):
                 for slot in slots:
                     self._dispatch(slot, own_deadline=len(slots) == 1)
