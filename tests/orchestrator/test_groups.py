@@ -183,12 +183,14 @@ def test_two_learner_job_trains_and_leaves_nothing_behind(ray_session, tmp_path,
     assert prometheus_names("chorus_job") <= set(series), prometheus_names("chorus_job") - set(series)
     assert series["ray_chorus_learners"] == {(("group", kind),): 2.0}
     assert series["ray_chorus_wer"] == last_wer
-    if slowdown:  # the slowed learner's steps take about 3x as long (each step sleeps 2x its compute);
-        # the bound leaves room for load: the fast learner's steps also hold its gossip mixing
-        # (measured 1.75x once on a loaded CI run; unslowed learners measure about 1x)
-        mean_step = {labels[0][1]: series["ray_chorus_step_seconds_sum"][labels] / count
-                     for labels, count in series["ray_chorus_step_seconds_count"].items()}
-        assert mean_step["1"] > 1.5 * mean_step["0"], mean_step
+    if slowdown:  # the slowed learner computes about 3x as long per step (each step sleeps 2x its
+        # compute). Compared without communication: the fast (active) learner's step also holds its
+        # wait for the slowed partner's average, which grows when its chunks run back to back
+        # (1.47x with it included, on a loaded clean-clone run at ecef0c2)
+        mean_compute = {labels[0][1]: (series["ray_chorus_step_seconds_sum"][labels]
+                                       - series["ray_chorus_comm_seconds_sum"][labels]) / count
+                        for labels, count in series["ray_chorus_step_seconds_count"].items()}
+        assert mean_compute["1"] > 1.5 * mean_compute["0"], mean_compute
     steps = sum(series["ray_chorus_steps_total"].values())
     assert steps == sum(series["ray_chorus_step_seconds_count"].values()) >= summary["steps"]
 
