@@ -68,8 +68,9 @@ class Watchdog:
                 why = self._judge(learner_id, answers.get(learner_id), asked_at, now)
                 if why:
                     found.append((learner_id, why))
+        dropped = {i for i, _ in found}
         self._asked = {handle.heartbeat.remote(): (learner_id, now) for learner_id, handle in running.items()
-                       if learner_id not in {i for i, _ in found}}
+                       if learner_id not in dropped}
         return found
 
     def _judge(self, learner_id: int, beat: dict | None, asked_at: float, now: float) -> str | None:

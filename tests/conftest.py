@@ -397,7 +397,7 @@ _JOB_THREADS: list[tuple[object, threading.Thread]] = []  # run_in_thread's jobs
 def run_in_thread(job) -> threading.Thread:
     """Run a `TrainingJob` in a daemon thread; `thread.outcome` gets its summary, or the error that
     escaped it (with its traceback). A job still running when its test ends (the test failed
-    midway) is stopped then (`jobs_end_with_their_test`): it must not go on asking for learners
+    midway) is stopped then (`leaves_the_cluster_as_found`): it must not go on asking for learners
     on a cluster that the next test uses."""
     outcome = {}
 
