@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,6 +29,12 @@ from jobs.data import AudioError, DataError, SkipReport, Utterance, load_audio, 
 from jobs.decode import greedy_decode
 from jobs.feature_shards import FeatureShards, is_features_folder
 from jobs.features import Fbank, SpecAugment
+
+ONEDNN_PRIMITIVES = "32"  # oneDNN's CPU kernels (LSTM, convolutions) the process keeps, one per input shape:
+# its default of 1,024 keeps ~1 MB each, and every batch here has a new (utterances, frames) shape, so a
+# learner's memory grew by ~450 MB over an epoch of 20,000 utterances (bench/data_pipeline.py); with 32
+# it stays flat, at the same step time. Read by oneDNN when it first runs a kernel; a user's own
+# ONEDNN_PRIMITIVE_CACHE_CAPACITY wins.
 from jobs.models import build_model, ctc_loss
 from jobs.pipeline import FeatureCache, Prefetcher
 from jobs.sections import WorkloadConfig
@@ -176,6 +183,7 @@ class AsrWorkload:
     input_error = DataError
 
     def __init__(self, config: WorkloadConfig, seed: int = 0):
+        os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", ONEDNN_PRIMITIVES)
         self.config, self.seed = config, seed
         self.tokenizer = CharTokenizer()
         self.fbank = Fbank(config.features.num_mel_bins)
