@@ -157,7 +157,11 @@ def learner_memory(audio: Path, epochs: int, utterances: int) -> dict:
     if proc.returncode != 0:
         raise RuntimeError(f"the memory run failed:\n{output[-3000:]}")
     evals = [json.loads(line) for line in (out / "evals.jsonl").read_text().splitlines()]
-    train_start = started + (json.loads((out / "summary.json").read_text())["startup_s"] or 0)
+    # the learner ready (model and optimizer built, no batch read yet): its join event. (Until
+    # 2026-11-24 this was the process's start plus the summary's startup_s, which counts from the
+    # job's start, after the imports: a point before the model was built, ~140 MB too early.)
+    events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+    train_start = next(e["time"] for e in events if e["kind"] == "join")
     # epoch at each sample: the evaluations' (wall since the training loop began, samples / epoch's
     # utterances), interpolated (their `epoch` counts whole epochs only)
     points = [(0.0, 0.0)] + [(e["wall_s"], e["samples"] / utterances) for e in evals]
