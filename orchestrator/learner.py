@@ -133,10 +133,16 @@ class Learner(ReplicaWeights):
             if epoch != self.epoch:
                 self.epoch, self.position, self._shard = epoch, 0, None
 
-    def start_next_epoch(self) -> None:
-        self.epoch += 1
-        self.position = 0
-        self._shard = None
+    def start_next_epoch(self, move_on: bool = False) -> None:
+        """The next epoch. With `move_on` (a free-running learner: its epochs are its own), one
+        that had no shard in this epoch (it joined after the epoch was split) moves straight to
+        the first epoch in which it has one, rather than one epoch per idle step."""
+        epoch = self.epoch + 1
+        if move_on and self._batches is None:
+            first = call(self.planner, "first_epoch_with", self.learner_id, self.epoch)
+            epoch = max(epoch, first if first is not None else epoch)
+        with self.lock:
+            self.epoch, self.position, self._shard = epoch, 0, None
 
     # -- compute ------------------------------------------------------------------------------
     def forward_backward(self, batch) -> float:

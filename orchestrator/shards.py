@@ -33,6 +33,16 @@ class ShardPlanner:
             return None
         return members.index(learner_id), len(members), weights
 
+    def first_epoch_with(self, learner_id: int, epoch: int) -> int | None:
+        """The first epoch from `epoch` on in which `learner_id` has a shard (a learner that joined
+        after those epochs were split moves straight there), or None if it is not a member."""
+        later = [e for e in self.frozen if e >= epoch and learner_id in self.frozen[e][0]]
+        if later:
+            return min(later)
+        if learner_id not in self.members:
+            return None
+        return max(epoch, max(self.frozen, default=-1) + 1)  # the next epoch nobody has started
+
     def state(self) -> dict:
         return {"members": self.members, "weights": self.weights, "frozen": self.frozen}
 

@@ -49,10 +49,11 @@ class SoloMember(GossipMember):
 def next_batch_or_new_epoch(learner):
     """Free-running learners (solo, gossip) move to their next epoch on their own: at the end of a
     shard this starts the next epoch and returns None (that step does nothing), so the driver's
-    epoch limit is checked before any batch of the new epoch is taken."""
+    epoch limit is checked before any batch of the new epoch is taken. A learner with no shard in
+    its epoch (it joined after the split) moves on to its first epoch with one."""
     batch = learner.next_batch()
     if batch is None:
-        learner.start_next_epoch()
+        learner.start_next_epoch(move_on=True)
     return batch
 
 

@@ -44,6 +44,39 @@ def test_planner_fixes_each_epochs_split_when_first_asked():
            [planner.assignment(i, e) for i in (0, 1, 2) for e in range(4)]
 
 
+@pytest.mark.unit
+def test_a_learner_that_joined_later_is_told_its_first_epoch_with_a_shard():
+    planner = ShardPlanner([0, 1])
+    for epoch in range(5):  # free-running learners: the fastest has already split epochs 0-4
+        planner.assignment(0, epoch)
+    planner.set_members([0, 1, 2])
+    # a newcomer that adopted a slow neighbour's epoch 1 goes straight to epoch 5, the first split with it
+    assert planner.first_epoch_with(2, 1) == 5
+    assert planner.assignment(2, 5) == (2, 3, None)
+    assert planner.first_epoch_with(2, 5) == 5 and planner.first_epoch_with(1, 2) == 2  # members stay
+    assert planner.first_epoch_with(2, 7) == 7  # an epoch nobody has reached
+    planner.set_members([0, 2])
+    assert planner.first_epoch_with(1, 6) is None  # no longer a member: no epoch ahead
+
+
+@pytest.mark.unit
+def test_a_free_running_newcomer_moves_to_its_first_epoch_in_one_idle_step():
+    from orchestrator.groups import next_batch_or_new_epoch
+    from orchestrator.learner import Learner
+    from tests.conftest import linear_spec
+
+    planner = ShardPlanner([0, 1])
+    for epoch in range(5):
+        planner.assignment(0, epoch)
+    planner.set_members([0, 1, 2])
+    config = linear_spec().workload_config.model_dump(mode="json")
+    newcomer = Learner("linear", config, seed=0, learner_id=2, planner=planner)
+    newcomer.epoch = 1  # adopted from a neighbour still in epoch 1
+    assert next_batch_or_new_epoch(newcomer) is None  # no shard in epoch 1: this step trains nothing
+    assert newcomer.epoch == 5
+    assert next_batch_or_new_epoch(newcomer) is not None  # its shard of epoch 5, at the next step
+
+
 # -- on a real 3-node cluster -----------------------------------------------------------------------
 import json  # noqa: E402
 import threading  # noqa: E402
