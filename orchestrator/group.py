@@ -60,7 +60,7 @@ class Group:
             if not self._drop_silent(exc):
                 raise
             return True
-        self.plan_shards()
+        self.plan_shards(wait=not self.strategy.swaps_running)
         refs = {}
         for learner_id, member in zip(list(roster.order), members, strict=True):
             slot = roster.live[learner_id]
@@ -105,12 +105,20 @@ class Group:
             self.elastic.drop(i, exc)
         return bool(silent)
 
-    def plan_shards(self) -> None:
-        """Tell the planner the members (and their weights) for the next unstarted epoch."""
+    def plan_shards(self, wait: bool = True) -> None:
+        """Tell the planner the members (and their weights) for the next unstarted epoch. With
+        `wait`, until it has them: a re-formed collective's first round must split its next epoch
+        among exactly its members. Without (a gossip ring swapped, new weights for the same
+        members) the driver goes on at once: the planner's one thread also answers every
+        learner's shard request, and with 32 learners its answer took up to 1.2 s, all of it
+        between the driver's chunks. A learner that asks first gets the split as it was for that
+        epoch (old weights; a newcomer moves on to the next epoch), as if it had asked earlier."""
         if not self.runtime.distributed:
             return
         weights, ids = self.strategy.shard_weights(self.roster), list(self.roster.order)
-        self.runtime.get(self.elastic.service.set_members.remote(ids, weights))
+        told = self.elastic.service.set_members.remote(ids, weights)
+        if wait:
+            self.runtime.get(told)
         self.strategy.planned = (ids, weights)
 
     def rebalance(self) -> bool:
@@ -121,7 +129,7 @@ class Group:
             return False
         change = self.strategy.rebalance(self.roster)
         if change == "shares":
-            self.plan_shards()
+            self.plan_shards(wait=False)
             self._say_shares()
         elif change == "ring":
             self.form()
