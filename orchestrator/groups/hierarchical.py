@@ -38,13 +38,14 @@ class HierarchicalMember:
     stops_alone = False
 
     def __init__(self, node_rank: int, node_size: int, node_address: str, leader: GossipMember | None,
-                 backend: str = "gloo", timeout_s: float = 120):
+                 backend: str = "gloo", timeout_s: float = 120, place: int | None = None):
         self.node_rank, self.node_size, self.node_address = node_rank, node_size, node_address
-        self.leader, self.backend, self.timeout_s = leader, backend, timeout_s
+        self.leader, self.backend, self.timeout_s, self.place = leader, backend, timeout_s, place
 
     def setup(self, learner) -> None:
         if self.node_size > 1:
-            join_process_group(self.backend, self.node_address, self.node_rank, self.node_size, self.timeout_s)
+            join_process_group(self.backend, self.node_address, self.node_rank, self.node_size, self.timeout_s,
+                               self.place)
             broadcast_weights(learner, self.node_rank)
             broadcast_counters(learner, self.node_rank)
         else:

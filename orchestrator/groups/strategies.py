@@ -178,7 +178,8 @@ class HierarchicalStrategy(GroupStrategy):
             ip, port = self.runtime.get([handles[idxs[0]].ip.remote(), handles[idxs[0]].free_port.remote()])
             ring = GossipMember(k, [handles[leaders[q]] for q in ring_partners(k, len(nodes))], self.spec.seed)
             for j, i in enumerate(idxs):
-                members[i] = HierarchicalMember(j, len(idxs), f"{ip}:{port}", ring if j == 0 else None, backend)
+                members[i] = HierarchicalMember(j, len(idxs), f"{ip}:{port}", ring if j == 0 else None, backend,
+                                                place=i)  # every node's group joins at once: paced together
         self.node_groups = [[roster.order[i] for i in idxs] for idxs in nodes]
         return members
 
