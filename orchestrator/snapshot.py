@@ -125,21 +125,37 @@ class Snapshots:
     def __init__(self, job):
         self.job = job
         self.current: Snapshot | None = None  # the one in flight
+        self.due: tuple[float, float] | None = None  # (train_loss, start) of one due while `current` runs
         self.retries = 0  # snapshots in a row that a dying learner spoiled
         self.driver_bytes: list[int] = []  # what the driver received for each finished snapshot
 
     def begin(self, train_loss: float, start: float) -> None:
-        """Start an evaluation and checkpoint of the live learners, after the one in flight is finished."""
+        """Start an evaluation and checkpoint of the live learners. While the one in flight is not
+        done, this one is started by `poll` once it is, so the training loop does not wait (a
+        snapshot that a death spoiled is taken again, which took 1.4-1.6 s at 32 learners); one
+        more falling due meanwhile waits for both."""
+        if self.current is not None and self.due is None and not self.current.ready():
+            self.due = (train_loss, start)
+            return
         self.poll(wait=True)
+        self._start(train_loss, start)
+
+    def _start(self, train_loss: float, start: float) -> None:
         if self.job.roster.slots():
             self.current = Snapshot(self.job, train_loss, start)
 
     def poll(self, wait: bool = False) -> None:
-        """Finish the snapshot in flight once it is done (`wait`: now): write its record and
-        checkpoint and report it; non-finite weights: no record, the loop rolls back; a learner
-        died meanwhile: a new snapshot of the others."""
+        """Finish the snapshot in flight once it is done (`wait`: now, and the one due after it):
+        write its record and checkpoint and report it; non-finite weights: no record, the loop
+        rolls back; a learner died meanwhile: a new snapshot of the others. Then start the one
+        that fell due meanwhile."""
         job = self.job
-        while self.current is not None and (wait or self.current.ready()):
+        while True:
+            if self.current is None and self.due is not None:
+                due, self.due = self.due, None
+                self._start(*due)
+            if self.current is None or not (wait or self.current.ready()):
+                return
             snapshot, self.current = self.current, None
             record = snapshot.finish()
             self.retries = self.retries + 1 if record == RETRY else 0
@@ -152,6 +168,7 @@ class Snapshots:
             self.driver_bytes.append(snapshot.driver_bytes)
             if record is None:
                 job.rollbacks.weights_diverged = True  # never checkpointed: the training loop rolls back
+                self.due = None  # of the same diverged weights
                 continue
             job.evals.append(record)
             with open(job.out_dir / "evals.jsonl", "a") as f:
