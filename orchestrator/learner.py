@@ -24,6 +24,8 @@ from orchestrator.runtime import call
 from orchestrator.state_store import StateStore
 from orchestrator.workload import build_workload
 
+GRAD_TAIL = 3  # slots after the gradients in the flat gradient buffer (`flat_grad_buffer`)
+
 
 class ReplicaWeights:
     """A learner's trainable weights as one flat tensor, read and written under its weight lock
@@ -63,7 +65,7 @@ class ReplicaWeights:
 
     def flat_grads(self) -> torch.Tensor:
         """The gradients as one flat tensor (a view: no copy)."""
-        return self.grad_buffer[:-2]
+        return self.grad_buffer[:-GRAD_TAIL]
 
 
 class Learner(ReplicaWeights):
@@ -125,6 +127,10 @@ class Learner(ReplicaWeights):
         batch = next(self._shard, None)
         self._drawn = self._batches.position if self._batches is not None else 0
         return batch
+
+    def batches_left(self) -> int:
+        """Planned batches of this epoch's shard not handed out yet."""
+        return len(self._batches) - self._drawn if self._batches is not None else 0
 
     def set_counters(self, step: int, epoch: int) -> None:
         """Take a group's step and epoch; a different epoch starts at its beginning."""
@@ -247,8 +253,9 @@ class Learner(ReplicaWeights):
 
 def flat_grad_buffer(params: list[torch.Tensor], device: torch.device) -> torch.Tensor:
     """One flat buffer that every gradient is a view into (as DDP's gradient_as_bucket_view), so
-    groups all-reduce it in place without copies; two extra slots carry the batch size and loss."""
-    buffer = torch.zeros(sum(p.numel() for p in params) + 2, device=device)
+    groups all-reduce it in place without copies; GRAD_TAIL extra slots after the gradients carry
+    what a collective step sums besides them (`groups/allreduce.py`: batches left, batch size, loss)."""
+    buffer = torch.zeros(sum(p.numel() for p in params) + GRAD_TAIL, device=device)
     offset = 0
     for p in params:
         p.grad = buffer[offset:offset + p.numel()].view_as(p)

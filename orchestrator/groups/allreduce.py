@@ -2,9 +2,12 @@
 (`nccl` on GPUs, `gloo` otherwise), weighted by each learner's batch size, so unequal per-learner
 batches give exactly the gradient of their union.
 
-One flat all-reduce per step carries the size-weighted gradients, the summed batch sizes and the
-summed losses. A learner whose shard is used up contributes zeros; when the summed batch size is
-zero every shard is used up and all learners start the next epoch together.
+One flat all-reduce per step carries the size-weighted gradients, the summed batches the shards
+have left, the summed batch sizes and the summed losses. A learner whose shard is used up
+contributes zeros. When no shard has a batch left after a step, all learners start the next epoch
+together right after it (without that, every epoch ended with a collective round that trained
+nothing: 1 in 17 rounds with 16 batches a shard); a summed batch size of zero (a planned batch
+turned out unreadable) ends the epoch too.
 
 The group is re-formed, not restarted, when members come or go: every member joins a new process
 group and rank 0's weights are broadcast to all, so a newcomer starts from the group's weights
@@ -20,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from orchestrator.groups.errors import GroupBroken
+from orchestrator.learner import GRAD_TAIL
 
 
 class AllreduceMember:
@@ -115,24 +119,24 @@ def broadcast_counters(learner, rank: int) -> None:
 
 def weighted_gradients(learner, batch) -> tuple[torch.Tensor, int]:
     """This learner's share of a size-weighted gradient sum, built in place in its gradient buffer
-    (gradients x batch size, then the batch size, then loss x batch size; zeros without a batch),
-    and its batch size."""
+    (gradients x batch size, then the batches its shard has left, the batch size, loss x batch
+    size; zeros without a batch), and its batch size."""
     buf = learner.grad_buffer
     if batch is None:
         buf.zero_()
         return buf, 0
     loss = learner.forward_backward(batch)
-    buf[:-2].mul_(batch.size)
-    buf[-2], buf[-1] = float(batch.size), loss * batch.size
+    buf[:-GRAD_TAIL].mul_(batch.size)
+    buf[-3], buf[-2], buf[-1] = float(learner.batches_left()), float(batch.size), loss * batch.size
     return buf, batch.size
 
 
 def apply_reduced_gradients(learner, buf: torch.Tensor, size: int) -> None:
-    """After the all-reduce: the mean gradient of the union of everyone's batches, applied; or, when
-    every shard is used up (summed batch size 0), the start of the next epoch."""
-    total = float(buf[-2])
-    if total == 0:
+    """After the all-reduce: the mean gradient of the union of everyone's batches, applied; then,
+    when no shard has a batch left (or nobody had one), the start of the next epoch."""
+    left, total = float(buf[-3]), float(buf[-2])
+    if total > 0:
+        buf[:-GRAD_TAIL].div_(total)
+        learner.apply_step(float(buf[-1]) / total, size)
+    if left == 0:
         learner.start_next_epoch()
-        return
-    buf[:-2].div_(total)
-    learner.apply_step(float(buf[-1]) / total, size)

@@ -143,6 +143,22 @@ def test_allreduce_keeps_replicas_identical(learners):
     fetch([a.close.remote() for a in actors])
 
 
+@pytest.mark.ray
+def test_allreduce_epoch_ends_with_its_last_batch_not_an_extra_round(learners):
+    """512 samples in batches of 16, 2 shards of 16 batches: 16 collective steps train the whole
+    epoch and move both learners to the next (no round that trains nothing at its end)."""
+    actors = learners(2)
+    ip, port = fetch([actors[0].ip.remote(), actors[0].free_port.remote()])
+    fetch([a.join.remote(AllreduceMember(i, 2, f"{ip}:{port}")) for i, a in enumerate(actors)])
+    stats = fetch([a.run.remote(16, None, None, 0.0) for a in actors])
+    assert [len(s["step_seconds"]) for s in stats] == [16, 16]
+    assert sum(s["samples"] for s in stats) == 512
+    assert [s["epoch"] for s in stats] == [1, 1]
+    stats = fetch([a.run.remote(16, None, None, 0.0) for a in actors])
+    assert [s["epoch"] for s in stats] == [2, 2] and [s["step"] for s in stats] == [32, 32]
+    fetch([a.close.remote() for a in actors])
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["gossip", "allreduce"])
 def test_two_learner_job_trains_and_leaves_nothing_behind(ray_session, tmp_path, kind):
