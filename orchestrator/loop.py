@@ -37,8 +37,7 @@ class TrainLoop:
     """
 
     def __init__(self, job, start: float):
-        self.job, self.start = job, start
-        self.budget = job.spec.budget
+        self.job, self.start, self.budget = job, start, job.spec.budget
         self.deadline = start + self.budget.wall_seconds if self.budget.wall_seconds is not None else None
         self.pending: dict = {}  # run ref -> learner id
         self.reform = False  # a collective group changed: re-form it once every learner is between chunks
@@ -169,9 +168,10 @@ class TrainLoop:
                     in_flight[slot.id] += 1
 
     def _any_back(self) -> tuple[list, list]:
-        """The chunks back within a second (or sooner, when a newcomer answers); stuck learners dropped."""
-        runtime = self.job.runtime
-        ready = runtime.wait(list(self.pending) + self.job.elastic.watched(), num_returns=1, timeout=1.0)
+        """Every chunk back once one is (within a second, or when a newcomer answers), all at once
+        so a failed chunk never queues behind the others' answers; stuck learners dropped."""
+        runtime, refs = self.job.runtime, list(self.pending) + self.job.elastic.watched()
+        ready = runtime.wait(refs, num_returns=1, timeout=1.0) and runtime.wait(refs, len(refs), timeout=0)
         answers = runtime.gather_ready(self.pending, ready)
         self.drop_stuck()
         return answers
