@@ -11,10 +11,12 @@ one CPU has:
    audio >= 3x the model.
 2. Step time with and without prefetch, interleaved, 5 repeats: 30 training steps of tiny.yaml's
    model from a cold cache (every batch decoded), `data.prefetch_batches` 0 against 2.
-3. A learner's memory over 3 epochs: `chorus train` (one in-process learner, the small model of
-   the tests, `data.cache_mb=64`, from audio), its resident set sampled every 0.5 s. Target: flat
-   after the first epoch (at most 32 MB above its end-of-epoch-1 value) and within the cache's
-   bound (peak at most cache_mb + 128 MB above the resident set before the first batch).
+3. A learner's memory over 3 epochs: `chorus train` of one learner (the small model of the tests,
+   `data.cache_mb=64`, from audio) on a one-node Ray cluster, the resident set of the learner's
+   process (a Ray actor) sampled every 0.5 s. Target: flat after the first epoch (at most 32 MB
+   above its end-of-epoch-1 value) and within the cache's bound (peak at most cache_mb + 128 MB
+   above the resident set when it was ready, before the first batch). Reported beside it, not
+   judged: the same job in one process (no Ray: driver, learner and evaluator together).
 4. The input pipeline's memory alone: a process that iterates one epoch of a learner's batches
    from audio with no model, its resident set after every 2,000 utterances (what the pipeline
    holds, apart from what training on the batches adds).
@@ -39,6 +41,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
+from ray.cluster_utils import Cluster  # noqa: E402
 
 from jobs.feature_shards import is_features_folder, write_shards  # noqa: E402
 from jobs.sections import WorkloadConfig  # noqa: E402
@@ -134,8 +137,10 @@ def step_times(audio: Path, repeats: int, steps: int) -> dict:
     return {k: summary(v) for k, v in runs.items()}
 
 
-def learner_memory(audio: Path, epochs: int, utterances: int) -> dict:
-    """RSS of a one-learner `chorus train` process over `epochs` epochs, against its epochs."""
+def learner_memory(audio: Path, epochs: int, utterances: int, address: str | None) -> dict:
+    """RSS over `epochs` epochs of a one-learner `chorus train`, against its epochs: with `address`
+    (a Ray cluster), of the learner's own process (a Ray actor; the evaluator and the driver are
+    other processes); without, of the one process that is driver, learner and evaluator at once."""
     out = WORK / "memory-run"
     args = [sys.executable, "-m", "orchestrator.cli", "train", str(ROOT / "jobs" / "configs" / "tiny.yaml"),
             "--out", str(out), "--overwrite", "--set", f"data.train={audio}/train.jsonl",
@@ -143,16 +148,18 @@ def learner_memory(audio: Path, epochs: int, utterances: int) -> dict:
             "--set", f"data.cache_mb={CACHE_MB}", "--set", f"budget.epochs={epochs}",
             "--set", "budget.wall_seconds=null", "--set", "budget.eval_every_seconds=20", "--set", "learners=1"]
     args += [a for key, value in SMALL_MODEL.items() for a in ("--set", f"model.{key}={value}")]
+    args += ["--address", address] if address else []
     proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    started, samples = time.time(), []
+    started, samples, pid = time.time(), [], None if address else proc.pid
     while proc.poll() is None:
+        pid = pid or learner_pid()
         try:
-            status = Path(f"/proc/{proc.pid}/status").read_text()
+            status = Path(f"/proc/{pid}/status").read_text() if pid else ""
             kb = int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:")))
             samples.append((time.time() - started, kb / 1024))
         except (OSError, StopIteration):
             pass
-        time.sleep(0.5)
+        time.sleep(0.5 if samples else 0.05)
     output = proc.stdout.read()
     if proc.returncode != 0:
         raise RuntimeError(f"the memory run failed:\n{output[-3000:]}")
@@ -185,6 +192,17 @@ def learner_memory(audio: Path, epochs: int, utterances: int) -> dict:
             "growth_after_epoch_1_mb": round(max(later) - after_1[-1], 1),
             "peak_above_start_mb": round(max(mb for *_, mb in series) - before, 1),
             "series": [(round(t, 1), round(e, 3), round(mb, 1)) for t, e, mb in series]}
+
+
+def learner_pid() -> int | None:
+    """The process of this machine's Chorus learner actor (Ray titles it `ray::_LearnerProcess...`)."""
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and (proc / "cmdline").read_bytes().startswith(b"ray::_LearnerProcess"):
+                return int(proc.name)
+        except OSError:
+            continue
+    return None
 
 
 PIPELINE_ONLY = """
@@ -233,11 +251,16 @@ def plot(result: dict, path: Path) -> None:
     memory = result["memory"]
     left.grid(True, axis="y", alpha=0.3)
     epochs = [e for _, e, _ in memory["series"]]
-    right.plot(epochs, [mb for *_, mb in memory["series"]], lw=1, label="learner training (chorus train, small model)")
+    right.plot(epochs, [mb for *_, mb in memory["series"]], lw=1,
+               label="the learner's process (Ray actor; chorus train, small model)")
     if "pipeline_memory" in result:
         points = result["pipeline_memory"]["rss_by_utterances"]
         right.plot([n / result["utterances"] for n, _ in points], [mb for _, mb in points], lw=1, marker=".",
                    label="input pipeline alone (no model), one epoch")
+    if "memory_in_one_process" in result:
+        alone = result["memory_in_one_process"]["series"]
+        right.plot([e for _, e, _ in alone], [mb for *_, mb in alone], lw=1, color="grey",
+                   label="the same job in one process (driver, learner, evaluator)")
     right.axhline(memory["rss_before_first_batch_mb"] + CACHE_MB, color="red", ls="--", lw=1,
                   label=f"before the first batch + cache_mb ({CACHE_MB})")
     right.set(xlabel="epoch", ylabel="learner RSS (MB)",
@@ -269,7 +292,12 @@ def main() -> None:
               "step_seconds": step_times(audio, args.repeats, args.steps)}
     result["ratio_audio_to_model"] = round(result["rates"]["pipeline_from_audio"]["median"]
                                            / result["rates"]["model"]["median"], 2)
-    result["memory"] = learner_memory(audio, args.epochs, result["utterances"])
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
+    try:
+        result["memory"] = learner_memory(audio, args.epochs, result["utterances"], cluster.address)
+    finally:
+        cluster.shutdown()
+    result["memory_in_one_process"] = learner_memory(audio, args.epochs, result["utterances"], None)
     result["pipeline_memory"] = pipeline_memory(audio)
     memory = result["memory"]
     result["targets"] = {"ratio_audio_to_model": f">= {RATIO_TARGET}", "growth_after_epoch_1_mb": f"<= {FLAT_MB}",
@@ -280,8 +308,9 @@ def main() -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "data_pipeline.json").write_text(json.dumps(result, indent=2) + "\n")
     plot(result, RESULTS / "data_pipeline.png")
-    print(json.dumps({k: v for k, v in result.items() if k != "memory"}, indent=2))
-    print(json.dumps({k: v for k, v in memory.items() if k != "series"}, indent=2))
+    print(json.dumps({k: v for k, v in result.items() if not k.startswith("memory")}, indent=2))
+    for name in ("memory", "memory_in_one_process"):
+        print(name, json.dumps({k: v for k, v in result[name].items() if k != "series"}))
     print(json.dumps(result["pipeline_memory"]))
 
 
