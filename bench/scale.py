@@ -275,11 +275,15 @@ def kill_and_add(job, chunks: Chunks, rng: random.Random) -> dict:
             "survivors_stepping_s": round(max(a for a in again if a is not None) - killed, 3)
             if any(a is not None for a in again) else None,
             "newcomers": [e["learner"] for e in joins],
-            # each newcomer, from the kill: it ready (process started, model built, state loaded),
-            # the driver taking it in (join), its first step done
-            "newcomer_timeline_s": [{"learner": e["learner"], "ready": round(e["ready_at"] - killed, 3),
-                                     "joined": round(r["at"] - killed, 3),
-                                     "stepping": round(r["stepping_at"] - killed, 3)}
+            # each newcomer, from the kill: its slot placed, it ready (process started, model built,
+            # state loaded), the driver taking it in (join), the group taking it in (regrouped),
+            # its first step done; and its first 3 steps (start, seconds)
+            "newcomer_timeline_s": [{"learner": e["learner"], "placed": round(e["ready_at"] - e["ready_s"] - killed, 3),
+                                     "ready": round(e["ready_at"] - killed, 3), "joined": round(r["at"] - killed, 3),
+                                     "regrouped": round(r["regrouped_at"] - killed, 3),
+                                     "stepping": round(r["stepping_at"] - killed, 3),
+                                     "first_steps": [(round(b - killed, 3), round(d, 3)) for b, d in
+                                                     sorted(chunks.by_learner.get(e["learner"], []))[:3]]}
                                     for e, r in zip(joins, stepping, strict=True)],
             "ready_to_stepping_s": round(max(r["stepping_at"] - e["ready_at"]
                                              for r, e in zip(stepping, joins, strict=True)), 3)}
