@@ -63,8 +63,7 @@ class TrainLoop:
     def run(self) -> float:
         """Train until the budget is spent; returns the training wall seconds."""
         job, roster = self.job, self.job.roster
-        for slot in roster.live.values():
-            slot.stats = job.runtime.get(slot.handle.counters.remote())
+        take_counters(job)
         last_epoch = min(roster.epochs())
         next_eval = (last_epoch // self.budget.eval_every_epochs + 1) * self.budget.eval_every_epochs
         last_eval = time.time()
@@ -229,6 +228,16 @@ class TrainLoop:
         for learner_id, why in job.watchdog.stuck(running):
             self._forget(learner_id)
             job.elastic.drop(learner_id, why)
+
+
+def take_counters(job) -> None:
+    """Every live learner's counters before the first chunk; one whose actor or node died
+    meanwhile is dropped like any dead learner (a node lost as the loop starts must not end the job)."""
+    answers, failed = job.runtime.gather({slot.handle.counters.remote(): slot.id for slot in job.roster.live.values()})
+    for learner_id, stats in answers:
+        job.roster.live[learner_id].stats = stats
+    for learner_id, error in failed:
+        job.elastic.drop(learner_id, error)
 
 
 def chunk_steps(lockstep: bool, learners: int, arriving: bool) -> int:
