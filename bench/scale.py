@@ -18,6 +18,8 @@ of 5 s (median and interquartile range over the slices):
   an evaluation's copy of the weights), over the steps begun in the slice, each with the gap
   before it (so a gap counts in one slice whatever the chunks' phase against the slices), and
   the part of it spent between chunks (waiting for the driver);
+- the share of this machine's CPU time that was busy (all processes, /proc/stat): how close the
+  2 cores are to saturated, which is what the kill/add times below depend on;
 - peak memory (VmHWM, which counts the shared pages of torch's libraries too) of the driver's
   process and of the largest learner, and their own memory (USS: private pages) at the end.
 
@@ -27,9 +29,10 @@ are placed again, so 4 newcomers join at once; the next event waits for all 32 t
 per event: from the kill to the group stepping without them (the first step completed after the
 group took in the slowest of the 4 deaths), from each newcomer being ready (process started,
 model built, state loaded) to the group stepping with it (the slowest of the 4); reported beside
-them, when the driver heard of the last death and when the slowest survivor completed a step
-begun after the kill. Judged on the medians of the 5 events; targets as in bench/elastic.py:
-<= 2 s gossip, <= 5 s allreduce (hierarchical is reported against the allreduce target).
+them, when Ray's GCS marked the last of the 4 dead (its actor table's end time), when the driver
+heard of it, and when the slowest survivor completed a step begun after the kill. Judged on the
+medians of the 5 events; targets as in bench/elastic.py: <= 2 s gossip, <= 5 s allreduce
+(hierarchical is reported against the allreduce target).
 
 Targets (`passed`): bytes through the driver per evaluation and per checkpoint at most one
 model's bytes at every N (what grows with N is each learner's counters and file name: reported as
@@ -119,6 +122,12 @@ def private_mb(pid: int | str) -> float:
     return round(kb / 1024, 1)
 
 
+def cpu_ticks() -> tuple[int, int]:
+    """This machine's CPU time so far, all of it and the idle part (/proc/stat, every core)."""
+    values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    return sum(values[:8]), values[3] + values[4]  # user..steal; idle + iowait
+
+
 def wait_until(what: str, condition, timeout: float = 300.0):
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -189,12 +198,13 @@ def run(kind: str, n: int, kill: bool) -> dict:
         wait_until(f"{n} learners stepping and an evaluation", lambda: job.roster and len(job.roster.live) == n
                    and all(s.stats.get("step", 0) >= CHUNK_STEPS for s in job.roster.live.values())
                    and len(job.evals) >= 1)
-        slices = []
+        slices, machine_busy = [], []
         for _ in range(SLICES):
-            t0, cpu0 = time.time(), time.process_time()
+            t0, cpu0, stat0 = time.time(), time.process_time(), cpu_ticks()
             time.sleep(SLICE_S)
-            t1, cpu1 = time.time(), time.process_time()
+            t1, cpu1, stat1 = time.time(), time.process_time(), cpu_ticks()
             slices.append((t0, t1, cpu1 - cpu0))
+            machine_busy.append(1 - (stat1[1] - stat0[1]) / max(stat1[0] - stat0[0], 1))
         time.sleep(10.0)  # the slices' last chunks reach the driver (a round of 32 allreduce learners: ~4 s)
         cpu_per_round = [cpu / max(chunks.chunks(t0, t1) / n, 1e-9) for t0, t1, cpu in slices]
         overhead = [chunks.overhead(t0, t1) for t0, t1, _ in slices]
@@ -219,6 +229,7 @@ def run(kind: str, n: int, kill: bool) -> dict:
         "evaluations": len(job.snapshots.driver_bytes),
         "driver_cpu_s_per_round": summarize(cpu_per_round),
         "driver_cpu_share": summarize([cpu / (t1 - t0) for t0, t1, cpu in slices]),
+        "machine_cpu_busy": summarize(machine_busy),
         "overhead": summarize(overhead),
         "overhead_between_chunks": summarize(between),
         "peak_rss_mb": {"driver": round(memory_kb("self", "VmHWM") / 1024, 1),
@@ -246,7 +257,7 @@ def recoveries(job, chunks: Chunks) -> dict:
         n = len(job.roster.live)
         events.append(kill_and_add(job, chunks, random.Random(event)))
         wait_until(f"{n} learners again", lambda n=n: len(job.roster.live) == n)
-    keys = ["kill_to_stepping_s", "detected_s", "survivors_stepping_s", "ready_to_stepping_s"]
+    keys = ["kill_to_stepping_s", "detected_s", "ray_marked_dead_s", "survivors_stepping_s", "ready_to_stepping_s"]
     return {**{k: summarize([e[k] for e in events]) for k in keys}, "events": events}
 
 
@@ -259,6 +270,7 @@ def kill_and_add(job, chunks: Chunks, rng: random.Random) -> dict:
     victims = sorted(rng.sample(sorted(job.roster.live), KILLED)) if job.group.name != "hierarchical" else \
         sorted(rng.choice(g) for g in job.node_groups[:KILLED])  # hierarchical: one learner of each of 4 nodes
     survivors = set(job.roster.live) - set(victims)
+    actor_ids = [job.roster.live[i].handle._actor_id.hex() for i in victims]
     before = {e["learner"] for e in job.events.recorded if e["kind"] == "join"}
     killed = time.time()
     for i in victims:
@@ -271,6 +283,10 @@ def kill_and_add(job, chunks: Chunks, rng: random.Random) -> dict:
     again = [min((b + d for b, d in chunks.by_learner.get(i, []) if b >= killed), default=None) for i in survivors]
     return {"killed": victims, "kill_to_stepping_s": round(max(r["stepping_at"] for r in failures) - killed, 3),
             "detected_s": round(max(r["at"] for r in failures) - killed, 3),
+            # when Ray's GCS marked the last of them dead (its actor table's end time): the rest of
+            # detected_s is the driver's (hearing of it, getting round to it)
+            "ray_marked_dead_s": round(max(ray._private.state.actors(a)["EndTime"] for a in actor_ids) / 1000
+                                       - killed, 3),
             "regrouped_s": round(max(r["regrouped_at"] for r in failures) - killed, 3),
             "survivors_stepping_s": round(max(a for a in again if a is not None) - killed, 3)
             if any(a is not None for a in again) else None,
