@@ -43,8 +43,12 @@ class ShardPlanner:
             return None
         return max(epoch, max(self.frozen, default=-1) + 1)  # the next epoch nobody has started
 
-    def state(self) -> dict:
-        return {"members": self.members, "weights": self.weights, "frozen": self.frozen}
+    def state(self, from_epoch: int = 0) -> dict:
+        """What `load` takes; only the splits of epochs from `from_epoch` on (a checkpoint's: the
+        earliest epoch its learners are in; no learner asks for an earlier one again), so a
+        checkpoint's plan does not grow with the epochs behind it."""
+        return {"members": self.members, "weights": self.weights,
+                "frozen": {e: split for e, split in self.frozen.items() if e >= from_epoch}}
 
     def load(self, state: dict) -> None:
         self.members, self.weights = list(state["members"]), state["weights"]

@@ -61,7 +61,8 @@ class Snapshot:
         writers = set(job.group.strategy.state_writers(self.ids))
         self.entries = {(h.save_state.remote(root, state_file(self.step, i)) if i in writers
                          else h.counters.remote()): i for i, h in zip(self.ids, handles, strict=True)}
-        self.plan = runtime.submit(job.elastic.service, "state")
+        # the plan from the earliest epoch these learners are in (they only move on from there)
+        self.plan = runtime.submit(job.elastic.service, "state", min(s["epoch"] for s in stats))
         self.started_at = time.time()
         if job.group.lockstep:  # the weights, distances and counters of this round, before the next starts
             refs = [*leaves, *self.entries, *self.distances]

@@ -42,6 +42,14 @@ def test_planner_fixes_each_epochs_split_when_first_asked():
     again.load(planner.state())
     assert [again.assignment(i, e) for i in (0, 1, 2) for e in range(4)] == \
            [planner.assignment(i, e) for i in (0, 1, 2) for e in range(4)]
+    # a checkpoint whose learners are all in epoch 2 or later keeps only those epochs' splits
+    # (its size does not grow with the epochs behind it), and they are the same splits
+    pruned = planner.state(from_epoch=2)
+    assert sorted(pruned["frozen"]) == [2, 3]
+    later = ShardPlanner()
+    later.load(pruned)
+    assert [later.assignment(i, e) for i in (0, 1, 2) for e in (2, 3, 4)] == \
+           [planner.assignment(i, e) for i in (0, 1, 2) for e in (2, 3, 4)]
 
 
 @pytest.mark.unit
