@@ -44,12 +44,25 @@ class ShardPlanner:
         return max(epoch, max(self.frozen, default=-1) + 1)  # the next epoch nobody has started
 
     def state(self, from_epoch: int = 0) -> dict:
-        """What `load` takes; only the splits of epochs from `from_epoch` on (a checkpoint's: the
-        earliest epoch its learners are in; no learner asks for an earlier one again), so a
-        checkpoint's plan does not grow with the epochs behind it."""
-        return {"members": self.members, "weights": self.weights,
-                "frozen": {e: split for e, split in self.frozen.items() if e >= from_epoch}}
+        """What `load` takes: the members, and the splits of the epochs from `from_epoch` on (a
+        checkpoint's: the earliest epoch its learners are in; no learner asks for an earlier one
+        again) as runs of consecutive epochs split the same way, [first, last, members, weights]:
+        its size follows the membership's changes, not the epochs (free-running learners may be
+        hundreds of epochs apart)."""
+        runs: list[list] = []
+        for epoch in sorted(e for e in self.frozen if e >= from_epoch):
+            members, weights = self.frozen[epoch]
+            if runs and runs[-1][1] == epoch - 1 and runs[-1][2] == members and runs[-1][3] == weights:
+                runs[-1][1] = epoch
+            else:
+                runs.append([epoch, epoch, members, weights])
+        return {"members": self.members, "weights": self.weights, "splits": runs}
 
     def load(self, state: dict) -> None:
+        """A `state()`; or a checkpoint's from before 2026-11-25, with every epoch's split under `frozen`."""
         self.members, self.weights = list(state["members"]), state["weights"]
-        self.frozen = {int(k): (list(v[0]), v[1]) for k, v in state["frozen"].items()}
+        if "splits" in state:
+            self.frozen = {e: (list(members), weights) for first, last, members, weights in state["splits"]
+                           for e in range(first, last + 1)}
+        else:
+            self.frozen = {int(k): (list(v[0]), v[1]) for k, v in state["frozen"].items()}

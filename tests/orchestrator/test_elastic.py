@@ -45,11 +45,19 @@ def test_planner_fixes_each_epochs_split_when_first_asked():
     # a checkpoint whose learners are all in epoch 2 or later keeps only those epochs' splits
     # (its size does not grow with the epochs behind it), and they are the same splits
     pruned = planner.state(from_epoch=2)
-    assert sorted(pruned["frozen"]) == [2, 3]
+    assert [run[:2] for run in pruned["splits"]] == [[2, 2], [3, 3]]  # epochs 2 and 3 are split differently
     later = ShardPlanner()
     later.load(pruned)
     assert [later.assignment(i, e) for i in (0, 1, 2) for e in (2, 3, 4)] == \
            [planner.assignment(i, e) for i in (0, 1, 2) for e in (2, 3, 4)]
+    # epochs split the same way are one run: the plan's size does not grow with epochs
+    for epoch in range(5, 300):
+        planner.assignment(0, epoch)
+    assert [run[:2] for run in planner.state(from_epoch=2)["splits"]] == [[2, 2], [3, 299]]
+    # a checkpoint written before the runs (every epoch under "frozen") still loads
+    old = ShardPlanner()
+    old.load({"members": [0, 2], "weights": [0.75, 0.25], "frozen": {"0": ([0, 1], None), "3": ([0, 2], [0.75, 0.25])}})
+    assert old.assignment(1, 0) == (1, 2, None) and old.assignment(2, 3) == (1, 2, [0.75, 0.25])
 
 
 @pytest.mark.unit
