@@ -142,11 +142,13 @@ class Learner(ReplicaWeights):
     def start_next_epoch(self, move_on: bool = False) -> None:
         """The next epoch. With `move_on` (a free-running learner: its epochs are its own), one
         that had no shard in this epoch (it joined after the epoch was split) moves straight to
-        the first epoch in which it has one, rather than one epoch per idle step."""
+        the first epoch in which it has one, rather than one epoch per idle step; while the
+        planner does not count it as a member yet (the driver's new members are on their way),
+        it stays where it is and asks again at its next step."""
         epoch = self.epoch + 1
         if move_on and self._batches is None:
             first = call(self.planner, "first_epoch_with", self.learner_id, self.epoch)
-            epoch = max(epoch, first if first is not None else epoch)
+            epoch = self.epoch if first is None else max(epoch, first)
         with self.lock:
             self.epoch, self.position, self._shard = epoch, 0, None
 

@@ -93,6 +93,27 @@ def test_a_free_running_newcomer_moves_to_its_first_epoch_in_one_idle_step():
     assert next_batch_or_new_epoch(newcomer) is not None  # its shard of epoch 5, at the next step
 
 
+@pytest.mark.unit
+def test_a_newcomer_the_planner_does_not_count_yet_neither_splits_epochs_nor_moves_on():
+    from orchestrator.groups import next_batch_or_new_epoch
+    from orchestrator.learner import Learner
+    from tests.conftest import linear_spec
+
+    planner = ShardPlanner([0, 1])
+    for epoch in range(5):
+        planner.assignment(0, epoch)
+    config = linear_spec().workload_config.model_dump(mode="json")
+    newcomer = Learner("linear", config, seed=0, learner_id=2, planner=planner)
+    newcomer.epoch = 3  # adopted; the driver's set_members([0, 1, 2]) has not reached the planner
+    for _ in range(3):  # idle steps: it stays in epoch 3 and fixes no epoch ahead of the others
+        assert next_batch_or_new_epoch(newcomer) is None
+    assert newcomer.epoch == 3 and max(planner.frozen) == 4
+    assert planner.assignment(2, 6) is None and 6 not in planner.frozen
+    planner.set_members([0, 1, 2])
+    assert next_batch_or_new_epoch(newcomer) is None and newcomer.epoch == 5  # now to its first epoch
+    assert next_batch_or_new_epoch(newcomer) is not None and planner.frozen[5][0] == [0, 1, 2]
+
+
 # -- on a real 3-node cluster -----------------------------------------------------------------------
 import json  # noqa: E402
 import threading  # noqa: E402
