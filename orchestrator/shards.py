@@ -29,9 +29,9 @@ class ShardPlanner:
         A learner that is not a member (a newcomer asking before the driver's new members arrive)
         splits nothing: before, each of its idle steps fixed one more epoch ahead of everyone, and
         in a gossip-32 run with 20 newcomers the newest epoch ran 250 epochs ahead of the others."""
-        if epoch not in self.frozen and learner_id not in self.members:
-            return None
         if epoch not in self.frozen:
+            if learner_id not in self.members:
+                return None
             self.frozen[epoch] = (list(self.members), self.weights)
         members, weights = self.frozen[epoch]
         if learner_id not in members:
