@@ -12,8 +12,11 @@ of the seconds per operation:
   step's gradient traffic, 2 learners);
 - `chorus_gossip_exchange`: two Chorus learner actors (the `linear` workload with a square weight
   matrix of the size), one active with the other as its passive partner: `mix` (the learner's
-  gossip exchange without a gradient step: its weights to the partner through Ray's object store,
-  the partner averages under its weight lock, the mean comes back and is loaded), per exchange.
+  gossip exchange without a gradient step, over its link to the partner, `groups/links.py`: both
+  send their weights at once, the passive averages under its weight lock, the active loads the
+  same mean), per exchange, the link already open. Until 466a58b the exchange went through Ray's
+  object store: 22.6 ms / 299 ms / 839 ms / 3.99 s for 1M / 10M / 30M / 100M parameters, 7-17x
+  this gloo round trip (bench/results/transport.json at 466a58b).
 
 Target (`passed`, issue 19): the gossip exchange at most 1.5x the gloo round trip of the same bytes
 for every model of 10M parameters or more; and issue 19's second transport target, allreduce

@@ -35,31 +35,40 @@ class ReplicaWeights:
         """A copy of the trainable weights as one flat tensor: on the CPU, or on the learner's
         device (for collectives)."""
         with self.lock:
-            flat = torch.nn.utils.parameters_to_vector([p.data for p in self.params])
-        return flat.clone() if on_device or self.device.type == "cpu" else flat.cpu()
+            return self.flat.clone() if on_device or self.device.type == "cpu" else self.flat.cpu()
+
+    def flat_weights_into(self, out: torch.Tensor) -> None:
+        """Copy the trainable weights into the flat CPU tensor `out` (`numel` long)."""
+        with self.lock:
+            out.copy_(self.flat)
 
     def load_flat_weights(self, flat: torch.Tensor) -> None:
-        flat = flat.to(self.device)
         with self.lock:
-            self._assign(flat)
+            self.assign(flat)
 
-    def _assign(self, flat: torch.Tensor) -> None:
-        # .data: in-place changes invisible to autograd, so a backward pass in flight on the
-        # compute thread is not invalidated (AD-PSGD tolerates reading slightly stale weights)
-        offset = 0
-        for p in self.params:
-            n = p.numel()
-            p.data.copy_(flat[offset:offset + n].view_as(p))
-            offset += n
+    def assign(self, flat: torch.Tensor) -> None:
+        """Set the trainable weights from a flat tensor (the caller holds the weight lock).
+        In place (`self.flat`, which every parameter is a view into, changes invisibly to
+        autograd), so a backward pass in flight on the compute thread is not invalidated (AD-PSGD
+        tolerates reading slightly stale weights)."""
+        self.flat.copy_(flat)
+
+    def assign_mean(self, active: torch.Tensor, passive: torch.Tensor) -> None:
+        """Set the trainable weights to the mean of two flat CPU tensors, the active partner's and
+        the passive's (the caller holds the weight lock), in one pass. Both partners pass the same
+        tensors in the same order and get the same bits (`passive` may be `self.flat` itself)."""
+        if self.device.type == "cpu":
+            torch.lerp(active, passive, 0.5, out=self.flat)
+        else:
+            self.flat.copy_(torch.lerp(active, passive, 0.5))
 
     def average(self, other: torch.Tensor) -> torch.Tensor:
         """Atomically replace these weights with the mean of these and `other`; return the mean
         (on the CPU)."""
         other = other.to(self.device)
         with self.lock:
-            mine = torch.nn.utils.parameters_to_vector([p.data for p in self.params])
-            mean = (mine + other) / 2
-            self._assign(mean)
+            mean = (self.flat + other) / 2
+            self.flat.copy_(mean)
             self.averages += 1
         return mean.cpu()
 
@@ -91,6 +100,9 @@ class Learner(ReplicaWeights):
         self.optimizer = self.workload.build_optimizer(self.model)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.grad_buffer = flat_grad_buffer(self.params, self.device)
+        self.flat = flat_weight_buffer(self.params, self.device)  # the trainable weights, which the parameters view
+        self.numel = self.flat.numel()
+        self.group_links = None  # what a group keeps in this process across re-formed groups (gossip's links)
         self.learner_id, self.planner = learner_id, planner
         self.lock = threading.Lock()
         self.step = self.samples = self.epoch = self.averages = 0
@@ -253,6 +265,19 @@ class Learner(ReplicaWeights):
         self.step_began: list[float] = []  # time.time() at the start of each of this chunk's steps
 
 
+def flat_weight_buffer(params: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """One flat tensor that every parameter's data becomes a view into (the parameters stay the
+    same objects, so the optimizer is unaffected): weights are read, sent and averaged without
+    gathering them first."""
+    buffer = torch.zeros(sum(p.numel() for p in params), device=device)
+    offset = 0
+    for p in params:
+        buffer[offset:offset + p.numel()].copy_(p.data.reshape(-1))
+        p.data = buffer[offset:offset + p.numel()].view_as(p)
+        offset += p.numel()
+    return buffer
+
+
 def flat_grad_buffer(params: list[torch.Tensor], device: torch.device) -> torch.Tensor:
     """One flat buffer that every gradient is a view into (as DDP's gradient_as_bucket_view), so
     groups all-reduce it in place without copies; GRAD_TAIL extra slots after the gradients carry
@@ -275,16 +300,45 @@ def _cpu_copy(value):
     return value
 
 
-class LearnerService:
+class SimulatedFaults:
+    """Tests and bench/faults.py only: faults a learner can be told to simulate (`LearnerService`
+    holds the flags, its learner and its passive links)."""
+
+    @ray.method(concurrency_group="mix")
+    def simulate_exit_in_join(self) -> None:
+        """Tests and bench/faults.py only: the process exits as its next `join` begins (its peers
+        are then waiting for it at the rendezvous)."""
+        self._exit_in_join = True
+
+    @ray.method(concurrency_group="mix")
+    def simulate_stall(self, seconds: float) -> None:
+        """Tests and bench/faults.py only: the next step hangs `seconds` (alive, answering pings)."""
+        self.learner._stall_s = float(seconds)
+
+    def simulate_nan_loss(self, step: int | None) -> None:
+        """Tests only (spec: simulate.nan_loss_at_step): the loss of `step` is NaN, once."""
+        self.learner._nan_at = step
+
+    @ray.method(concurrency_group="mix")
+    def simulate_exit_in_average(self) -> None:
+        """Tests and bench/faults.py only: the process exits inside the next averaging request or
+        gossip exchange it serves, after its partner sent its request and before it answers."""
+        self._exit_in_average = self.passive_links.exit_in_exchange = True
+
+
+class LearnerService(SimulatedFaults):
     """What a learner offers its driver and its group: `run` trains; averaging requests and weight
     reads are served on the `mix` concurrency group, concurrently with `run`. `LearnerActor` is
     this class as a Ray actor; one-learner jobs use it in-process."""
 
     def __init__(self, workload: str, workload_config: dict, seed: int, learner_id: int, planner, threads: int = 1,
                  slowdown: float = 1.0):
+        from orchestrator.groups.links import PassiveLinks
+
         self.learner = Learner(workload, workload_config, seed, learner_id, planner, threads)
         self.learner._slowdown = float(slowdown)
         self.group = None
+        self.passive_links = PassiveLinks(self.learner)  # gossip links its active partners opened
         self._trainable = None  # which entries of the model's flat state are trainable weights
         self._exit_in_join = self._exit_in_average = False
 
@@ -338,17 +392,6 @@ class LearnerService:
         self.learner.leaving = self.learner.leaving or reason
 
     @ray.method(concurrency_group="mix")
-    def simulate_exit_in_join(self) -> None:
-        """Tests and bench/faults.py only: the process exits as its next `join` begins (its peers
-        are then waiting for it at the rendezvous)."""
-        self._exit_in_join = True
-
-    @ray.method(concurrency_group="mix")
-    def simulate_stall(self, seconds: float) -> None:
-        """Tests and bench/faults.py only: the next step hangs `seconds` (alive, answering pings)."""
-        self.learner._stall_s = float(seconds)
-
-    @ray.method(concurrency_group="mix")
     def regroup(self, group_state) -> None:
         """Swap in a new member of a group whose `setup` is a no-op (gossip) while `run` goes on:
         the next step uses it."""
@@ -360,10 +403,6 @@ class LearnerService:
     def set_lr_scale(self, scale: float) -> None:
         """Train at `scale` times the scheduled learning rate (the job halves it on a rollback)."""
         self.learner.lr_scale = float(scale)
-
-    def simulate_nan_loss(self, step: int | None) -> None:
-        """Tests only (spec: simulate.nan_loss_at_step): the loss of `step` is NaN, once."""
-        self.learner._nan_at = step
 
     def run(self, steps: int, deadline: float | None, max_epochs: int | None, progress: float) -> dict:
         """Up to `steps` optimizer steps, stopping early at the wall deadline (time.time()) or when
@@ -404,17 +443,18 @@ class LearnerService:
         flat = self.learner.flat_weights()
         self.learner.load_flat_weights(flat + scale * torch.randn(flat.shape, generator=gen))
 
+    @ray.method(concurrency_group="links")
+    def open_link(self, key: str, address: str) -> None:
+        """An active gossip partner opens a link to this learner (`groups/links.py`): this side
+        joins its rendezvous in a thread and serves its exchanges there."""
+        self.passive_links.open(key, address)
+
     @ray.method(concurrency_group="mix")
     def average(self, other: torch.Tensor) -> torch.Tensor:
+        """One pairwise average through the object store (a leaving learner's handover)."""
         if self._exit_in_average:  # a simulated death mid-exchange (tests and bench/faults.py only)
             os._exit(1)
         return self.learner.average(other)
-
-    @ray.method(concurrency_group="mix")
-    def simulate_exit_in_average(self) -> None:
-        """Tests and bench/faults.py only: the process exits inside the next averaging request it
-        serves, after its partner sent its weights and before it answers."""
-        self._exit_in_average = True
 
     @ray.method(concurrency_group="mix")
     def weights(self) -> torch.Tensor:
@@ -489,4 +529,4 @@ class _LearnerProcess(LearnerService):
         self.learner.leaving = self.learner.leaving or "SIGTERM"
 
 
-LearnerActor = ray.remote(concurrency_groups={"mix": 1})(_LearnerProcess)
+LearnerActor = ray.remote(concurrency_groups={"mix": 1, "links": 1})(_LearnerProcess)

@@ -1,13 +1,14 @@
 """AD-PSGD on a ring (Lian et al., ICML 2018; Zhang et al., ICASSP 2019).
 
 Learners at even ring positions are active, odd ones passive. After each local step an active
-learner averages its weights with a randomly chosen passive neighbour; the passive side does the
-averaging atomically under its weight lock (on its `mix` concurrency group, while it computes), so
-both end with the same mean. The exchange overlaps the active learner's next gradient computation
-(delay-by-one): the gradient computed on the pre-average weights is applied to the mean. There is
-no global barrier, and on a ring of odd size the last active position still has a passive
-neighbour, so every learner keeps mixing. A partner that has died costs its neighbour that one
-exchange (counted in `failed_exchanges`), never an error or a hang.
+learner averages its weights with a randomly chosen passive neighbour over a direct link
+(`links.py`); the passive side does the averaging atomically under its weight lock, in a thread of
+its own while it computes, so both end with the same mean. The exchange overlaps the active
+learner's next gradient computation (delay-by-one): the gradient computed on the pre-average
+weights is applied to the mean. There is no global barrier, and on a ring of odd size the last
+active position still has a passive neighbour, so every learner keeps mixing. A partner that has
+died costs its neighbour that one exchange (counted in `failed_exchanges`), never an error or a
+hang.
 """
 
 from __future__ import annotations
@@ -15,10 +16,7 @@ from __future__ import annotations
 import random
 import time
 
-import ray
-
-# what an exchange raises when the partner's actor or node died (the mean lived in its node's store)
-PARTNER_GONE = (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError, ray.exceptions.NodeDiedError)
+from orchestrator.groups.links import ActiveLinks
 
 
 def ring_partners(position: int, ring_size: int) -> list[int]:
@@ -42,6 +40,7 @@ class GossipMember:
     def __init__(self, position: int, partners: list, seed: int = 0):
         self.position, self.partners = position, partners
         self._rng = random.Random(seed * 1_000_003 + position)
+        self._links = None  # this process's ActiveLinks, once this member has used them
 
     def setup(self, learner) -> None:
         pass
@@ -52,36 +51,45 @@ class GossipMember:
         batch = next_batch_or_new_epoch(learner)
         if batch is None:
             return
-        exchange = self._start_exchange(learner)
+        exchange = self.start_exchange(learner)
         loss = learner.forward_backward(batch)  # overlaps the exchange
-        self._finish_exchange(learner, exchange)
+        self.finish_exchange(learner, exchange)
         learner.apply_step(loss, batch.size)
 
     def mix(self, learner) -> None:
         """One exchange without a gradient step (tests and consensus checks)."""
-        self._finish_exchange(learner, self._start_exchange(learner))
+        self.finish_exchange(learner, self.start_exchange(learner))
 
-    def _start_exchange(self, learner):
+    def start_exchange(self, learner):
+        """Start averaging with a randomly chosen partner; what `finish_exchange` takes."""
+        links = learner.group_links
+        if links is None and not self.partners:
+            return None
+        if links is None:
+            links = learner.group_links = ActiveLinks()
+        self._links = links
+        links.keep_only(self.partners)  # a re-formed ring: links to former partners close
         if not self.partners:
             return None
-        partner = self._rng.choice(self.partners)
-        return partner.average.remote(learner.flat_weights())
+        started = time.perf_counter()
+        with learner.waiting_on_group():  # opening a link waits for the partner
+            pending = links.start(learner, self._rng.choice(self.partners))
+        learner.comm_s += time.perf_counter() - started
+        return ("exchange", pending)  # pending is None when no link could be had: a lost exchange
 
     @staticmethod
-    def _finish_exchange(learner, exchange) -> None:
+    def finish_exchange(learner, exchange) -> None:
         if exchange is None:
             return
         waited = time.perf_counter()
-        try:
-            with learner.waiting_on_group():
-                mean = ray.get(exchange)
-        except PARTNER_GONE:  # the partner (or its node) died: this step goes unmixed
+        with learner.waiting_on_group():
+            mixed = learner.group_links.finish(learner, exchange[1])
+        learner.comm_s += time.perf_counter() - waited
+        if mixed:  # the passive partner now holds the same mean
+            learner.averages += 1
+        else:  # the partner (or its node) died: this step goes unmixed
             learner.failed_exchanges += 1
-            return
-        finally:
-            learner.comm_s += time.perf_counter() - waited
-        learner.load_flat_weights(mean)  # the passive partner now holds the same mean
-        learner.averages += 1
 
     def close(self) -> None:
-        pass
+        if self._links is not None:
+            self._links.close()

@@ -52,17 +52,17 @@ class HierarchicalMember:
             leave_process_group()
 
     def step(self, learner) -> None:
-        exchange = self.leader._start_exchange(learner) if self.leader is not None else None
+        exchange = self.leader.start_exchange(learner) if self.leader is not None else None
         buf, size = weighted_gradients(learner, learner.next_batch())
         comm_before, started = learner.comm_s, time.perf_counter()
         with learner.waiting_on_group():
             if self.node_size > 1:
                 collective(dist.all_reduce, buf)
             if self.leader is not None:
-                GossipMember._finish_exchange(learner, exchange)
+                self.leader.finish_exchange(learner, exchange)
             if self.node_size > 1:
                 broadcast_weights(learner, self.node_rank)
-        # the whole interval, exchange wait included (so what _finish_exchange added is not counted twice)
+        # the whole interval, exchange wait included (so what finish_exchange added is not counted twice)
         learner.comm_s = comm_before + time.perf_counter() - started
         apply_reduced_gradients(learner, buf, size)
 
@@ -71,5 +71,7 @@ class HierarchicalMember:
             self.leader.mix(learner)
 
     def close(self) -> None:
+        if self.leader is not None:
+            self.leader.close()
         if self.node_size > 1:
             leave_process_group()

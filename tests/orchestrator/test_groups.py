@@ -98,6 +98,46 @@ def test_a_dead_partner_costs_an_exchange_not_an_error(learners):
     assert stats["step"] == 3 and stats["averages"] == 0 and stats["failed_exchanges"] == 4
 
 
+def _serving_links(actor) -> int:
+    """The gossip links `actor` serves as a passive partner (its serving threads, `groups/links.py`)."""
+    import threading
+
+    return fetch(actor.__ray_call__.remote(
+        lambda service: sum(t.name.startswith("gossip-link-") for t in threading.enumerate())))
+
+
+@pytest.mark.ray
+def test_a_partner_dying_inside_an_exchange_costs_that_exchange_only(learners):
+    a, b = learners(2)
+    fetch([a.join.remote(GossipMember(0, [b])), b.join.remote(GossipMember(1, []))])
+    assert fetch(a.mix.remote(1)) == 1  # the link is open and has carried one exchange
+    before = fetch(a.weights.remote())
+    fetch(b.simulate_exit_in_average.remote())  # b dies after a's header arrives, before it answers
+    started = time.monotonic()
+    assert fetch(a.mix.remote(1)) == 1  # that exchange is lost, not raised
+    assert time.monotonic() - started < 5  # the broken link fails at once, not at its timeout
+    assert torch.equal(fetch(a.weights.remote()), before)
+    stats = fetch(a.run.remote(2, None, None, 0.0))
+    assert stats["step"] == 2 and stats["averages"] == 1 and stats["failed_exchanges"] == 3
+
+
+@pytest.mark.ray
+def test_a_re_formed_ring_closes_the_links_to_former_partners(learners):
+    a, b, c = learners(3)
+    fetch([a.join.remote(GossipMember(0, [b])), b.join.remote(GossipMember(1, [])),
+           c.join.remote(GossipMember(1, []))])
+    fetch(a.mix.remote(2))
+    assert _serving_links(b) == 1 and _serving_links(c) == 0
+    fetch(a.regroup.remote(GossipMember(0, [c])))  # as the driver re-forms a ring while `run` goes on
+    assert fetch(a.mix.remote(1)) == 3
+    deadline = time.monotonic() + 10
+    while _serving_links(b) and time.monotonic() < deadline:  # b's serving thread ends on a's close
+        time.sleep(0.05)
+    assert _serving_links(b) == 0 and _serving_links(c) == 1
+    wa, wc = fetch([a.weights.remote(), c.weights.remote()])
+    assert torch.equal(wa, wc)
+
+
 @pytest.mark.ray
 def test_consensus_distance_falls_to_zero_when_learners_only_average(learners):
     actors = learners(4)
