@@ -18,10 +18,21 @@ of the seconds per operation:
   object store: 22.6 ms / 299 ms / 839 ms / 3.99 s for 1M / 10M / 30M / 100M parameters, 7-17x
   this gloo round trip (bench/results/transport.json at 466a58b).
 
-Target (`passed`, issue 19): the gossip exchange at most 1.5x the gloo round trip of the same bytes
-for every model of 10M parameters or more; and issue 19's second transport target, allreduce
-overlapped with backward (exposed time <= 25% of the raw all_reduce), which is not built: judged
-not met (`allreduce_overlap_ok: false`), so `passed` is false until it is.
+- `allreduce_one_bucket` and `allreduce_overlapped`: two Chorus learners in an allreduce group
+  training a `linear` workload with 9 hidden square layers (10 layers of about a tenth of the
+  parameters each, a batch of 64 per learner), per step: the seconds each learner's step waited
+  for the all-reduce after its backward pass (`comm_seconds`, what backward did not hide). One
+  bucket is the all-reduce started when backward is done (Chorus before the overlap); overlapped
+  is the default: 4 MB buckets (gloo's) started from gradient hooks during backward
+  (`groups/overlap.py`). The first layer's gradients come last, so its bucket's all-reduce is
+  never hidden: a tenth of the bytes here.
+  Both learners compute at the same time, one per core, so the all-reduce's own CPU work (gloo
+  over loopback copies every byte through the kernel) competes with backward for the same two
+  cores: what overlap can hide here is bounded by that.
+
+Targets (`passed`, issue 19), for every model of 10M parameters or more: the gossip exchange at
+most 1.5x the gloo round trip of the same bytes, and the overlapped allreduce's exposed time at
+most 25% of the raw `gloo_all_reduce`.
 
 Writes bench/results/transport.json and transport.png.
 Usage: .venv/bin/python bench/transport.py [--sizes 1,10,30,100] [--repeats 5]
@@ -47,12 +58,16 @@ import ray  # noqa: E402
 import torch  # noqa: E402
 
 from orchestrator.capacity import place_learners, release  # noqa: E402
-from orchestrator.groups import GossipMember  # noqa: E402
+from orchestrator.groups import AllreduceMember, GossipMember  # noqa: E402
+from orchestrator.groups.overlap import BUCKET_BYTES  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 SIZES_M = [1, 10, 30, 100]  # millions of parameters
 RATIO_TARGET, JUDGED_FROM_M = 1.5, 10
-CONTENDERS = ["copy", "gloo_round_trip", "gloo_all_reduce", "chorus_gossip_exchange"]
+CONTENDERS = ["copy", "gloo_round_trip", "gloo_all_reduce", "chorus_gossip_exchange", "allreduce_one_bucket",
+              "allreduce_overlapped"]
+EXPOSED_TARGET, HIDDEN_LAYERS, ALLREDUCE_BATCH = 0.25, 9, 64
+ONE_BUCKET = 1 << 62  # bytes: every gradient in one bucket
 
 
 def operations(millions: int) -> int:
@@ -112,8 +127,8 @@ class GlooPeer:
 class Sizes:
     """The contenders' state at one model size: the gloo pair and the two Chorus learners."""
 
-    def __init__(self, millions: int, peers: list):
-        self.millions, self.peers = millions, peers
+    def __init__(self, millions: int, peers: list, bucket_bytes: int):
+        self.millions, self.peers, self.bucket_bytes = millions, peers, bucket_bytes
         self.numel = millions * 1_000_000
         side = round(self.numel ** 0.5)
         config = {"data": {"samples": 8, "features": side, "classes": side, "batch_size": 8,
@@ -123,6 +138,23 @@ class Sizes:
         active, passive = self.learners
         ray.get([active.join.remote(GossipMember(0, [passive])), passive.join.remote(GossipMember(1, []))])
         self.model_bytes = (side * side + side) * 4
+        width = round((self.numel / (HIDDEN_LAYERS + 1)) ** 0.5)
+        config = {"data": {"samples": 16 * ALLREDUCE_BATCH, "features": width, "classes": width,
+                           "batch_size": ALLREDUCE_BATCH, "compute_seconds": 0.0, "eval_splits": ["dev"]},
+                  "model": {"hidden_layers": HIDDEN_LAYERS}}
+        self.reduce_slots, self.reducers = place_learners(f"transport-ar-{millions}m-{time.time_ns()}", 2, 1.0,
+                                                          "linear", config, seed=0)
+
+    def allreduce_waits(self, bucket_bytes: int) -> float:
+        """The median over a few steps of the seconds a learner waited on the all-reduce after
+        backward, with buckets of `bucket_bytes`."""
+        ip, port = ray.get([self.reducers[0].ip.remote(), self.reducers[0].free_port.remote()])
+        ray.get([r.join.remote(AllreduceMember(i, 2, f"{ip}:{port}", bucket_bytes=bucket_bytes))
+                 for i, r in enumerate(self.reducers)])
+        ray.get([r.run.remote(1, None, None, 0.0) for r in self.reducers])  # warm-up
+        stats = ray.get([r.run.remote(max(2, operations(self.millions) // 2), None, None, 0.0)
+                         for r in self.reducers])
+        return statistics.median(w for s in stats for w in s["comm_seconds"])
 
     def measure(self, contender: str) -> float:
         count = operations(self.millions)
@@ -132,6 +164,8 @@ class Sizes:
             for _ in range(count):
                 target.copy_(source)
             return (time.perf_counter() - start) / count
+        if contender.startswith("allreduce"):
+            return self.allreduce_waits(ONE_BUCKET if contender == "allreduce_one_bucket" else self.bucket_bytes)
         if contender.startswith("gloo"):
             ray.get([p.hold.remote(self.numel) for p in self.peers])
             method = "round_trips" if contender == "gloo_round_trip" else "all_reduces"
@@ -145,6 +179,7 @@ class Sizes:
 
     def close(self) -> None:
         release(self.slots, self.learners)
+        release(self.reduce_slots, self.reducers)
 
 
 def summary(values: list[float]) -> dict:
@@ -174,15 +209,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default=",".join(map(str, SIZES_M)), help="millions of parameters")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--bucket-mb", type=float, default=BUCKET_BYTES["gloo"] / 2**20,
+                        help="the overlapped allreduce's bucket size (default: the learners' own)")
     args = parser.parse_args()
     sizes_m = [int(s) for s in args.sizes.split(",")]
     torch.set_num_threads(1)
     started = time.time()
-    ray.init(num_cpus=2 + 2 * len(sizes_m), include_dashboard=False, log_to_driver=False)  # one per process
+    ray.init(num_cpus=2 + 4 * len(sizes_m), include_dashboard=False, log_to_driver=False)  # one per process
     peers = [GlooPeer.remote(), GlooPeer.remote()]
     address = ray.get(peers[0].address.remote())
     ray.get([p.join.remote(address, rank) for rank, p in enumerate(peers)])
-    states = {m: Sizes(m, peers) for m in sizes_m}  # idle between their turns (100M: ~1.2 GB a learner)
+    # idle between their turns (100M: ~1.2 GB a learner)
+    states = {m: Sizes(m, peers, int(args.bucket_mb * 2**20)) for m in sizes_m}
     runs = {m: {c: [] for c in CONTENDERS} for m in sizes_m}
     try:
         for repeat in range(args.repeats):
@@ -200,19 +238,26 @@ def main() -> None:
     for m in sizes_m:
         seconds = {c: summary(v) for c, v in runs[m].items()}
         ratio = seconds["chorus_gossip_exchange"]["median"] / seconds["gloo_round_trip"]["median"]
+        raw = seconds["gloo_all_reduce"]["median"]
         rows.append({"parameters_m": m, "model_bytes": model_bytes[m], "operations_per_measurement": operations(m),
                      "seconds": seconds, "gossip_over_gloo_round_trip": round(ratio, 2),
+                     "exposed_allreduce_over_raw": {
+                         "overlapped": round(seconds["allreduce_overlapped"]["median"] / raw, 2),
+                         "one_bucket": round(seconds["allreduce_one_bucket"]["median"] / raw, 2)},
                      "gloo_round_trip_gb_per_s":
                          round(2 * model_bytes[m] / seconds["gloo_round_trip"]["median"] / 1e9, 2),
                      "copy_gb_per_s": round(model_bytes[m] / seconds["copy"]["median"] / 1e9, 2)})
     judged = [r for r in rows if r["parameters_m"] >= JUDGED_FROM_M]
     gossip_ok = bool(judged) and all(r["gossip_over_gloo_round_trip"] <= RATIO_TARGET for r in judged)
+    overlap_ok = bool(judged) and all(r["exposed_allreduce_over_raw"]["overlapped"] <= EXPOSED_TARGET
+                                      for r in judged)
     result = {"benchmark": "transport", "repeats": args.repeats, "torch_threads": 1, "sizes": rows,
               "targets": {"gossip_over_gloo_round_trip": f"<= {RATIO_TARGET} from {JUDGED_FROM_M}M parameters",
-                          "exposed_allreduce_over_raw": "<= 0.25 from 10M parameters"},
-              # the overlap is not built: an allreduce step's exposed time is its whole all_reduce
-              "verdict": {"gossip_exchange_ok": gossip_ok, "allreduce_overlap_ok": False},
-              "passed": False,
+                          "exposed_allreduce_over_raw": f"<= {EXPOSED_TARGET} from {JUDGED_FROM_M}M parameters"},
+              "allreduce_model": {"hidden_layers": HIDDEN_LAYERS, "batch_per_learner": ALLREDUCE_BATCH,
+                                  "bucket_bytes": int(args.bucket_mb * 2**20)},
+              "verdict": {"gossip_exchange_ok": gossip_ok, "allreduce_overlap_ok": overlap_ok},
+              "passed": gossip_ok and overlap_ok,
               "wall_s": round(time.time() - started)}
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "transport.json").write_text(json.dumps(result, indent=2) + "\n")

@@ -83,7 +83,12 @@ class LinearWorkload:
 
     def build_model(self) -> torch.nn.Module:
         torch.manual_seed(self.seed)
-        return torch.nn.Linear(self.config.data.features, self.config.data.classes)
+        width = self.config.data.features
+        hidden = [m for _ in range(self.config.model.hidden_layers) for m in (torch.nn.Linear(width, width),
+                                                                               torch.nn.ReLU())]
+        if not hidden:
+            return torch.nn.Linear(width, self.config.data.classes)
+        return torch.nn.Sequential(*hidden, torch.nn.Linear(width, self.config.data.classes))
 
     def build_optimizer(self, model: torch.nn.Module) -> torch.optim.Optimizer:
         return torch.optim.SGD(model.parameters(), lr=self.config.optim.lr)

@@ -157,6 +157,17 @@ class LinearData(BaseModel):
     compute_seconds: float = Field(0.0, ge=0)
 
 
+class LinearModel(BaseModel):
+    """Args:
+    hidden_layers: square `features` x `features` layers (each followed by a ReLU) before the
+        output layer; 0 is softmax regression. Deeper models give benchmarks gradients that
+        arrive layer by layer (bench/transport.py's overlapped allreduce).
+    """
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    hidden_layers: int = Field(0, ge=0)
+
+
 class LinearOptim(BaseModel):
     """Args:
     lr: SGD's learning rate.
@@ -173,9 +184,11 @@ class LinearConfig(BaseModel):
 
     Args:
         data: the random samples, their batches and the simulated step time.
+        model: the classifier's depth.
         optim: SGD's rate and the rollbacks of a non-finite loss.
     """
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     data: LinearData = LinearData()
+    model: LinearModel = LinearModel()
     optim: LinearOptim = LinearOptim()

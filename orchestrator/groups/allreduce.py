@@ -2,8 +2,9 @@
 (`nccl` on GPUs, `gloo` otherwise), weighted by each learner's batch size, so unequal per-learner
 batches give exactly the gradient of their union.
 
-One flat all-reduce per step carries the size-weighted gradients, the summed batches the shards
-have left, the summed batch sizes and the summed losses. A learner whose shard is used up
+Each step all-reduces the size-weighted gradients in buckets that start during backward
+(`overlap.py`, as DDP), then the summed batches the shards have left, the summed batch sizes and
+the summed losses. A learner whose shard is used up
 contributes zeros. When no shard has a batch left after a step, all learners start the next epoch
 together right after it (without that, every epoch ended with a collective round that trained
 nothing: 1 in 17 rounds with 16 batches a shard); a summed batch size of zero (a planned batch
@@ -23,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from orchestrator.groups.errors import GroupBroken
+from orchestrator.groups.overlap import BUCKET_BYTES, GradientBuckets
 from orchestrator.learner import GRAD_TAIL
 
 
@@ -31,29 +33,33 @@ class AllreduceMember:
     rank, world_size: this learner's place in the process group.
     address: `host:port` of rank 0's rendezvous.
     backend: `gloo` or `nccl`.
+    bucket_bytes: gradient bytes per all-reduce bucket started during backward (default: the
+        backend's, `overlap.BUCKET_BYTES`).
     """
 
     lockstep = True
     stops_alone = False
 
-    def __init__(self, rank: int, world_size: int, address: str, backend: str = "gloo", timeout_s: float = 120):
+    def __init__(self, rank: int, world_size: int, address: str, backend: str = "gloo", timeout_s: float = 120,
+                 bucket_bytes: int | None = None):
         self.rank, self.world_size, self.address, self.backend = rank, world_size, address, backend
-        self.timeout_s = timeout_s
+        self.timeout_s, self.bucket_bytes = timeout_s, bucket_bytes or BUCKET_BYTES[backend]
+        self.buckets: GradientBuckets | None = None  # made in the learner's process
 
     def setup(self, learner) -> None:
         join_process_group(self.backend, self.address, self.rank, self.world_size, self.timeout_s)
         broadcast_weights(learner, self.rank)
         broadcast_counters(learner, self.rank)
+        self.buckets = GradientBuckets(learner.params, learner.flat_grads(), self.bucket_bytes, collective)
 
     def step(self, learner) -> None:
-        buf, size = weighted_gradients(learner, learner.next_batch())
-        start = time.perf_counter()
-        with learner.waiting_on_group():
-            collective(dist.all_reduce, buf)
-        learner.comm_s += time.perf_counter() - start
-        apply_reduced_gradients(learner, buf, size)
+        batch = learner.next_batch()
+        size = reduce_gradients(learner, batch, self.buckets)
+        apply_reduced_gradients(learner, learner.grad_buffer, size)
 
     def close(self) -> None:
+        if self.buckets is not None:
+            self.buckets.close()
         leave_process_group()
 
 
@@ -117,18 +123,28 @@ def broadcast_counters(learner, rank: int) -> None:
         learner.set_counters(step=int(counters[0]), epoch=int(counters[1]))
 
 
-def weighted_gradients(learner, batch) -> tuple[torch.Tensor, int]:
-    """This learner's share of a size-weighted gradient sum, built in place in its gradient buffer
-    (gradients x batch size, then the batches its shard has left, the batch size, loss x batch
-    size; zeros without a batch), and its batch size."""
-    buf = learner.grad_buffer
+def reduce_gradients(learner, batch, buckets: GradientBuckets | None) -> int:
+    """The group's size-weighted sum of everyone's gradients, batches left, batch sizes and losses,
+    built in place in this learner's gradient buffer: its buckets are all-reduced during backward
+    (no buckets: a group of one, nothing to sum). A learner without a batch adds zeros. Returns
+    this learner's batch size; raises GroupBroken when a member is gone."""
+    buf, size = learner.grad_buffer, batch.size if batch is not None else 0
+    if buckets is not None:
+        buckets.begin(size)
     if batch is None:
         buf.zero_()
-        return buf, 0
-    loss = learner.forward_backward(batch)
-    buf[:-GRAD_TAIL].mul_(batch.size)
-    buf[-3], buf[-2], buf[-1] = float(learner.batches_left()), float(batch.size), loss * batch.size
-    return buf, batch.size
+        loss = 0.0
+    else:
+        loss = learner.forward_backward(batch)  # its gradient hooks start the buckets
+        if buckets is None:
+            buf[:-GRAD_TAIL].mul_(size)
+    buf[-3], buf[-2], buf[-1] = float(learner.batches_left()), float(size), loss * size
+    if buckets is not None:
+        start = time.perf_counter()
+        with learner.waiting_on_group():
+            buckets.finish(buf[-GRAD_TAIL:])  # what backward has not hidden
+        learner.comm_s += time.perf_counter() - start
+    return size
 
 
 def apply_reduced_gradients(learner, buf: torch.Tensor, size: int) -> None:

@@ -4,16 +4,15 @@ to their node.
 
 Per step, on every node: the leader (if active on the leaders' ring) starts averaging with a
 passive leader, every member computes its gradient meanwhile, the node allreduces the
-size-weighted gradients, the leader takes the mean from the exchange, broadcasts its weights to
-the node, and every member applies the same gradient, so a node's replicas stay identical. Each
-node's process group is its own torch.distributed world; nodes never wait for each other.
+size-weighted gradients (in buckets started during backward, `overlap.py`), the leader takes the
+mean from the exchange, broadcasts its weights to the node, and every member applies the same
+gradient, so a node's replicas stay identical. Each node's process group is its own
+torch.distributed world; nodes never wait for each other.
 """
 
 from __future__ import annotations
 
 import time
-
-import torch.distributed as dist
 
 from orchestrator.groups.allreduce import (
     apply_reduced_gradients,
@@ -22,9 +21,10 @@ from orchestrator.groups.allreduce import (
     collective,
     join_process_group,
     leave_process_group,
-    weighted_gradients,
+    reduce_gradients,
 )
 from orchestrator.groups.gossip import GossipMember
+from orchestrator.groups.overlap import BUCKET_BYTES, GradientBuckets
 
 
 class HierarchicalMember:
@@ -41,6 +41,7 @@ class HierarchicalMember:
                  backend: str = "gloo", timeout_s: float = 120, place: int | None = None):
         self.node_rank, self.node_size, self.node_address = node_rank, node_size, node_address
         self.leader, self.backend, self.timeout_s, self.place = leader, backend, timeout_s, place
+        self.buckets: GradientBuckets | None = None  # the node's all-reduce buckets, made in the learner's process
 
     def setup(self, learner) -> None:
         if self.node_size > 1:
@@ -48,29 +49,31 @@ class HierarchicalMember:
                                self.place)
             broadcast_weights(learner, self.node_rank)
             broadcast_counters(learner, self.node_rank)
+            self.buckets = GradientBuckets(learner.params, learner.flat_grads(), BUCKET_BYTES[self.backend],
+                                           collective)
         else:
             leave_process_group()
 
     def step(self, learner) -> None:
         exchange = self.leader.start_exchange(learner) if self.leader is not None else None
-        buf, size = weighted_gradients(learner, learner.next_batch())
+        size = reduce_gradients(learner, learner.next_batch(), self.buckets)  # the node's, during backward
         comm_before, started = learner.comm_s, time.perf_counter()
         with learner.waiting_on_group():
-            if self.node_size > 1:
-                collective(dist.all_reduce, buf)
             if self.leader is not None:
                 self.leader.finish_exchange(learner, exchange)
             if self.node_size > 1:
                 broadcast_weights(learner, self.node_rank)
         # the whole interval, exchange wait included (so what finish_exchange added is not counted twice)
         learner.comm_s = comm_before + time.perf_counter() - started
-        apply_reduced_gradients(learner, buf, size)
+        apply_reduced_gradients(learner, learner.grad_buffer, size)
 
     def mix(self, learner) -> None:
         if self.leader is not None:
             self.leader.mix(learner)
 
     def close(self) -> None:
+        if self.buckets is not None:
+            self.buckets.close()
         if self.leader is not None:
             self.leader.close()
         if self.node_size > 1:
