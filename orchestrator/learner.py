@@ -37,10 +37,24 @@ class ReplicaWeights:
         with self.lock:
             return self.flat.clone() if on_device or self.device.type == "cpu" else self.flat.cpu()
 
-    def flat_weights_into(self, out: torch.Tensor) -> None:
-        """Copy the trainable weights into the flat CPU tensor `out` (`numel` long)."""
+    def snapshot(self, out: torch.Tensor) -> int:
+        """Copy the trainable weights into the flat CPU tensor `out` (`numel` long); returns their
+        `version` (which every change of the weights increments)."""
         with self.lock:
             out.copy_(self.flat)
+            return self.version
+
+    def settle_mean(self, active: torch.Tensor, passive: torch.Tensor, mine: torch.Tensor, version: int) -> None:
+        """After a pairwise exchange in which this learner sent `mine`, its snapshot at `version`:
+        its weights become the mean of the active partner's and the passive's (`assign_mean`). If
+        they changed since the snapshot (its own step, a handover), the mean's change is added to
+        them instead, so that change is not lost."""
+        with self.lock:
+            if self.version == version:
+                self.assign_mean(active, passive)
+            else:
+                self.flat.add_(torch.lerp(active, passive, 0.5).sub_(mine).to(self.device))
+                self.version += 1
 
     def load_flat_weights(self, flat: torch.Tensor) -> None:
         with self.lock:
@@ -52,6 +66,7 @@ class ReplicaWeights:
         autograd), so a backward pass in flight on the compute thread is not invalidated (AD-PSGD
         tolerates reading slightly stale weights)."""
         self.flat.copy_(flat)
+        self.version += 1
 
     def assign_mean(self, active: torch.Tensor, passive: torch.Tensor) -> None:
         """Set the trainable weights to the mean of two flat CPU tensors, the active partner's and
@@ -61,6 +76,7 @@ class ReplicaWeights:
             torch.lerp(active, passive, 0.5, out=self.flat)
         else:
             self.flat.copy_(torch.lerp(active, passive, 0.5))
+        self.version += 1
 
     def average(self, other: torch.Tensor) -> torch.Tensor:
         """Atomically replace these weights with the mean of these and `other`; return the mean
@@ -69,6 +85,7 @@ class ReplicaWeights:
         with self.lock:
             mean = (self.flat + other) / 2
             self.flat.copy_(mean)
+            self.version += 1
             self.averages += 1
         return mean.cpu()
 
@@ -102,6 +119,7 @@ class Learner(ReplicaWeights):
         self.grad_buffer = flat_grad_buffer(self.params, self.device)
         self.flat = flat_weight_buffer(self.params, self.device)  # the trainable weights, which the parameters view
         self.numel = self.flat.numel()
+        self.version = 0  # of the weights: every change increments it (a gossip exchange checks it)
         self.group_links = None  # what a group keeps in this process across re-formed groups (gossip's links)
         self.learner_id, self.planner = learner_id, planner
         self.lock = threading.Lock()
@@ -185,6 +203,7 @@ class Learner(ReplicaWeights):
         one atomic change (a state read never sees weights and counters of different steps)."""
         with self.lock:
             self.workload.optimizer_step(self.model, self.optimizer, self.step, self.progress, self.lr_scale)
+            self.version += 1
             if not math.isfinite(loss) and self.nonfinite_at is None:
                 self.nonfinite_at = self.step
             self.step += 1
@@ -236,6 +255,7 @@ class Learner(ReplicaWeights):
         the data (a learner joining a running job)."""
         with self.lock:
             self.workload.load_state_dict(state, self.model, self.optimizer)
+            self.version += 1
             c = state["counters"]
             self.step, self.epoch = c["step"], c["epoch"]
             self.lr_scale = c.get("lr_scale", 1.0)  # a newcomer adopts the group's rate too
@@ -269,7 +289,7 @@ def flat_weight_buffer(params: list[torch.Tensor], device: torch.device) -> torc
     """One flat tensor that every parameter's data becomes a view into (the parameters stay the
     same objects, so the optimizer is unaffected): weights are read, sent and averaged without
     gathering them first."""
-    buffer = torch.zeros(sum(p.numel() for p in params), device=device)
+    buffer = torch.zeros(sum(p.numel() for p in params), device=device, dtype=params[0].dtype if params else None)
     offset = 0
     for p in params:
         buffer[offset:offset + p.numel()].copy_(p.data.reshape(-1))

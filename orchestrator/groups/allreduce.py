@@ -131,19 +131,24 @@ def reduce_gradients(learner, batch, buckets: GradientBuckets | None) -> int:
     buf, size = learner.grad_buffer, batch.size if batch is not None else 0
     if buckets is not None:
         buckets.begin(size)
-    if batch is None:
-        buf.zero_()
-        loss = 0.0
-    else:
-        loss = learner.forward_backward(batch)  # its gradient hooks start the buckets
-        if buckets is None:
-            buf[:-GRAD_TAIL].mul_(size)
-    buf[-3], buf[-2], buf[-1] = float(learner.batches_left()), float(size), loss * size
-    if buckets is not None:
-        start = time.perf_counter()
-        with learner.waiting_on_group():
-            buckets.finish(buf[-GRAD_TAIL:])  # what backward has not hidden
-        learner.comm_s += time.perf_counter() - start
+    try:
+        if batch is None:
+            buf.zero_()
+            loss = 0.0
+        else:
+            loss = learner.forward_backward(batch)  # its gradient hooks start the buckets
+            if buckets is None:
+                buf[:-GRAD_TAIL].mul_(size)
+        buf[-3], buf[-2], buf[-1] = float(learner.batches_left()), float(size), loss * size
+        if buckets is not None:
+            start = time.perf_counter()
+            with learner.waiting_on_group():
+                buckets.finish(buf[-GRAD_TAIL:])  # what backward has not hidden
+            learner.comm_s += time.perf_counter() - start
+    except BaseException:
+        if buckets is not None:
+            buckets.abandon()
+        raise
     return size
 
 

@@ -68,13 +68,13 @@ class GossipMember:
         if links is None:
             links = learner.group_links = ActiveLinks()
         self._links = links
-        links.keep_only(self.partners)  # a re-formed ring: links to former partners close
+        started = time.perf_counter()
+        with learner.waiting_on_group():  # closing and opening links wait for partners
+            links.keep_only(self.partners)  # a re-formed ring: links to former partners close
+            pending = links.start(learner, self._rng.choice(self.partners)) if self.partners else None
+        learner.comm_s += time.perf_counter() - started
         if not self.partners:
             return None
-        started = time.perf_counter()
-        with learner.waiting_on_group():  # opening a link waits for the partner
-            pending = links.start(learner, self._rng.choice(self.partners))
-        learner.comm_s += time.perf_counter() - started
         return ("exchange", pending)  # pending is None when no link could be had: a lost exchange
 
     @staticmethod
