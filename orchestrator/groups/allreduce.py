@@ -2,9 +2,11 @@
 (`nccl` on GPUs, `gloo` otherwise), weighted by each learner's batch size, so unequal per-learner
 batches give exactly the gradient of their union.
 
-Each step all-reduces the size-weighted gradients in buckets that start during backward
-(`overlap.py`, as DDP), then the summed batches the shards have left, the summed batch sizes and
-the summed losses. A learner whose shard is used up
+One flat all-reduce per step, after backward, carries the size-weighted gradients, the summed
+batches the shards have left, the summed batch sizes and the summed losses. With `bucket_bytes`
+the gradients instead go in buckets that start during backward (`overlap.py`, as DDP): measured
+faster, but not the default, because a kill can then stall the group's re-forming until the
+collective timeout (see `overlap.py`). A learner whose shard is used up
 contributes zeros. When no shard has a batch left after a step, all learners start the next epoch
 together right after it (without that, every epoch ended with a collective round that trained
 nothing: 1 in 17 rounds with 16 batches a shard); a summed batch size of zero (a planned batch
@@ -24,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from orchestrator.groups.errors import GroupBroken
-from orchestrator.groups.overlap import BUCKET_BYTES, GradientBuckets
+from orchestrator.groups.overlap import GradientBuckets
 from orchestrator.learner import GRAD_TAIL
 
 
@@ -33,8 +35,8 @@ class AllreduceMember:
     rank, world_size: this learner's place in the process group.
     address: `host:port` of rank 0's rendezvous.
     backend: `gloo` or `nccl`.
-    bucket_bytes: gradient bytes per all-reduce bucket started during backward (default: the
-        backend's, `overlap.BUCKET_BYTES`).
+    bucket_bytes: gradient bytes per all-reduce bucket started during backward (`overlap.py`);
+        None (the default): one all-reduce after backward.
     """
 
     lockstep = True
@@ -43,18 +45,23 @@ class AllreduceMember:
     def __init__(self, rank: int, world_size: int, address: str, backend: str = "gloo", timeout_s: float = 120,
                  bucket_bytes: int | None = None):
         self.rank, self.world_size, self.address, self.backend = rank, world_size, address, backend
-        self.timeout_s, self.bucket_bytes = timeout_s, bucket_bytes or BUCKET_BYTES[backend]
+        self.timeout_s, self.bucket_bytes = timeout_s, bucket_bytes
         self.buckets: GradientBuckets | None = None  # made in the learner's process
 
     def setup(self, learner) -> None:
         join_process_group(self.backend, self.address, self.rank, self.world_size, self.timeout_s)
         broadcast_weights(learner, self.rank)
         broadcast_counters(learner, self.rank)
-        self.buckets = GradientBuckets(learner.params, learner.flat_grads(), self.bucket_bytes, collective)
+        if self.bucket_bytes:
+            self.buckets = GradientBuckets(learner.params, learner.flat_grads(), self.bucket_bytes, collective)
 
     def step(self, learner) -> None:
-        batch = learner.next_batch()
-        size = reduce_gradients(learner, batch, self.buckets)
+        size = reduce_gradients(learner, learner.next_batch(), self.buckets)
+        if self.buckets is None:
+            start = time.perf_counter()
+            with learner.waiting_on_group():
+                collective(dist.all_reduce, learner.grad_buffer)
+            learner.comm_s += time.perf_counter() - start
         apply_reduced_gradients(learner, learner.grad_buffer, size)
 
     def close(self) -> None:
@@ -126,7 +133,8 @@ def broadcast_counters(learner, rank: int) -> None:
 def reduce_gradients(learner, batch, buckets: GradientBuckets | None) -> int:
     """The group's size-weighted sum of everyone's gradients, batches left, batch sizes and losses,
     built in place in this learner's gradient buffer: its buckets are all-reduced during backward
-    (no buckets: a group of one, nothing to sum). A learner without a batch adds zeros. Returns
+    (no buckets: only this learner's share, for the caller to sum). A learner without a batch adds
+    zeros. Returns
     this learner's batch size; raises GroupBroken when a member is gone."""
     buf, size = learner.grad_buffer, batch.size if batch is not None else 0
     if buckets is not None:

@@ -4,7 +4,7 @@ to their node.
 
 Per step, on every node: the leader (if active on the leaders' ring) starts averaging with a
 passive leader, every member computes its gradient meanwhile, the node allreduces the
-size-weighted gradients (in buckets started during backward, `overlap.py`), the leader takes the
+size-weighted gradients (one all-reduce after backward: see `overlap.py`), the leader takes the
 mean from the exchange, broadcasts its weights to the node, and every member applies the same
 gradient, so a node's replicas stay identical. Each node's process group is its own
 torch.distributed world; nodes never wait for each other.
@@ -13,6 +13,8 @@ torch.distributed world; nodes never wait for each other.
 from __future__ import annotations
 
 import time
+
+import torch.distributed as dist
 
 from orchestrator.groups.allreduce import (
     apply_reduced_gradients,
@@ -24,7 +26,6 @@ from orchestrator.groups.allreduce import (
     reduce_gradients,
 )
 from orchestrator.groups.gossip import GossipMember
-from orchestrator.groups.overlap import BUCKET_BYTES, GradientBuckets
 
 
 class HierarchicalMember:
@@ -41,7 +42,6 @@ class HierarchicalMember:
                  backend: str = "gloo", timeout_s: float = 120, place: int | None = None):
         self.node_rank, self.node_size, self.node_address = node_rank, node_size, node_address
         self.leader, self.backend, self.timeout_s, self.place = leader, backend, timeout_s, place
-        self.buckets: GradientBuckets | None = None  # the node's all-reduce buckets, made in the learner's process
 
     def setup(self, learner) -> None:
         if self.node_size > 1:
@@ -49,16 +49,16 @@ class HierarchicalMember:
                                self.place)
             broadcast_weights(learner, self.node_rank)
             broadcast_counters(learner, self.node_rank)
-            self.buckets = GradientBuckets(learner.params, learner.flat_grads(), BUCKET_BYTES[self.backend],
-                                           collective)
         else:
             leave_process_group()
 
     def step(self, learner) -> None:
         exchange = self.leader.start_exchange(learner) if self.leader is not None else None
-        size = reduce_gradients(learner, learner.next_batch(), self.buckets)  # the node's, during backward
+        size = reduce_gradients(learner, learner.next_batch(), None)  # this member's, size-weighted
         comm_before, started = learner.comm_s, time.perf_counter()
         with learner.waiting_on_group():
+            if self.node_size > 1:
+                collective(dist.all_reduce, learner.grad_buffer)
             if self.leader is not None:
                 self.leader.finish_exchange(learner, exchange)
             if self.node_size > 1:
@@ -72,8 +72,6 @@ class HierarchicalMember:
             self.leader.mix(learner)
 
     def close(self) -> None:
-        if self.buckets is not None:
-            self.buckets.close()
         if self.leader is not None:
             self.leader.close()
         if self.node_size > 1:

@@ -79,6 +79,7 @@ def test_one_averaging_leaves_both_partners_identical(learners):
     wa, wb = fetch([a.weights.remote(), b.weights.remote()])
     assert not torch.equal(wa, wb)
     fetch(a.mix.remote(1))
+    _settled(b, 1)
     wa2, wb2 = fetch([a.weights.remote(), b.weights.remote()])
     assert torch.equal(wa2, wb2)
     assert torch.allclose(wa2, (wa + wb) / 2)
@@ -96,6 +97,15 @@ def test_a_dead_partner_costs_an_exchange_not_an_error(learners):
     assert torch.equal(fetch(a.weights.remote()), before)
     stats = fetch(a.run.remote(3, None, None, 0.0))  # and the learner keeps training on its own
     assert stats["step"] == 3 and stats["averages"] == 0 and stats["failed_exchanges"] == 4
+
+
+def _settled(actor, averages: int) -> None:
+    """Wait until a passive partner has settled `averages` exchanges: it assigns the mean just
+    after the active has it (`groups/links.py`), never holding its lock while the bytes travel."""
+    deadline = time.monotonic() + 10
+    while fetch(actor.counters.remote())["averages"] < averages and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert fetch(actor.counters.remote())["averages"] == averages
 
 
 def _serving_links(actor) -> int:
@@ -134,6 +144,7 @@ def test_a_re_formed_ring_closes_the_links_to_former_partners(learners):
     while _serving_links(b) and time.monotonic() < deadline:  # b's serving thread ends on a's close
         time.sleep(0.05)
     assert _serving_links(b) == 0 and _serving_links(c) == 1
+    _settled(c, 1)
     wa, wc = fetch([a.weights.remote(), c.weights.remote()])
     assert torch.equal(wa, wc)
 
