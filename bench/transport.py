@@ -22,9 +22,9 @@ of the seconds per operation:
   training a `linear` workload with 9 hidden square layers (10 layers of about a tenth of the
   parameters each, a batch of 64 per learner), per step: the seconds each learner's step waited
   for the all-reduce after its backward pass (`comm_seconds`, what backward did not hide). One
-  bucket is the all-reduce started when backward is done (Chorus before the overlap); overlapped
-  is the default: 4 MB buckets (gloo's) started from gradient hooks during backward
-  (`groups/overlap.py`). The first layer's gradients come last, so its bucket's all-reduce is
+  bucket is the all-reduce started when backward is done (what Chorus's default, one all-reduce
+  after backward, costs); overlapped: 4 MB buckets (gloo's) started from gradient hooks during
+  backward (`groups/overlap.py`, opt-in). The first layer's gradients come last, so its bucket's all-reduce is
   never hidden: a tenth of the bytes here.
   Both learners compute at the same time, one per core, so the all-reduce's own CPU work (gloo
   over loopback copies every byte through the kernel) competes with backward for the same two
