@@ -2,13 +2,13 @@
 
 Learners at even ring positions are active, odd ones passive. After each local step an active
 learner averages its weights with a randomly chosen passive neighbour over a direct link
-(`links.py`); the passive side does the averaging atomically under its weight lock, in a thread of
-its own while it computes, so both end with the same mean. The exchange overlaps the active
-learner's next gradient computation (delay-by-one): the gradient computed on the pre-average
-weights is applied to the mean. There is no global barrier, and on a ring of odd size the last
-active position still has a passive neighbour, so every learner keeps mixing. A partner that has
-died costs its neighbour that one exchange (counted in `failed_exchanges`), never an error or a
-hang.
+(`links.py`); the passive side serves it in a thread of its own while it computes, and both end
+with the same mean (a passive whose own step landed meanwhile keeps that step on top of it). The
+exchange overlaps the active learner's next gradient computation (delay-by-one): the gradient
+computed on the pre-average weights is applied to the mean. There is no global barrier, and on a
+ring of odd size the last active position still has a passive neighbour, so every learner keeps
+mixing. A partner that has died costs its neighbour that one exchange (counted in
+`failed_exchanges`), never an error or a hang.
 """
 
 from __future__ import annotations
