@@ -6,11 +6,11 @@ One flat all-reduce per step, after backward, carries the size-weighted gradient
 batches the shards have left, the summed batch sizes and the summed losses. With `bucket_bytes`
 the gradients instead go in buckets that start during backward (`overlap.py`, as DDP): measured
 faster, but not the default, because a kill can then stall the group's re-forming until the
-collective timeout (see `overlap.py`). A learner whose shard is used up
-contributes zeros. When no shard has a batch left after a step, all learners start the next epoch
-together right after it (without that, every epoch ended with a collective round that trained
-nothing: 1 in 17 rounds with 16 batches a shard); a summed batch size of zero (a planned batch
-turned out unreadable) ends the epoch too.
+collective timeout (see `overlap.py`). A learner whose shard is used up contributes zeros. When
+no shard has a batch left after a step, all learners start the next epoch together right after
+it (without that, every epoch ended with a collective round that trained nothing: 1 in 17 rounds
+with 16 batches a shard); a summed batch size of zero (a planned batch turned out unreadable)
+ends the epoch too.
 
 The group is re-formed, not restarted, when members come or go: every member joins a new process
 group and rank 0's weights are broadcast to all, so a newcomer starts from the group's weights
@@ -134,8 +134,7 @@ def reduce_gradients(learner, batch, buckets: GradientBuckets | None) -> int:
     """The group's size-weighted sum of everyone's gradients, batches left, batch sizes and losses,
     built in place in this learner's gradient buffer: its buckets are all-reduced during backward
     (no buckets: only this learner's share, for the caller to sum). A learner without a batch adds
-    zeros. Returns
-    this learner's batch size; raises GroupBroken when a member is gone."""
+    zeros. Returns this learner's batch size; raises GroupBroken when a member is gone."""
     buf, size = learner.grad_buffer, batch.size if batch is not None else 0
     if buckets is not None:
         buckets.begin(size)
