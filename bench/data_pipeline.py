@@ -13,13 +13,15 @@ one CPU has:
    model from a cold cache (every batch decoded), `data.prefetch_batches` 0 against 2.
 3. A learner's memory over 3 epochs: `chorus train` of one learner (the small model of the tests,
    `data.cache_mb=64`, from audio) on a one-node Ray cluster, the resident set of the learner's
-   process (a Ray actor) sampled every 0.5 s. Target: flat after the first epoch (at most 32 MB
-   above its end-of-epoch-1 value) and within the cache's bound (peak at most cache_mb + 128 MB
-   above the resident set when it was ready, before the first batch); and flat in the corpus's
-   size: the same learner on the corpus's first 5,000 utterances, its peak at most 32 MB below
-   the full corpus's (what grows with the corpus is only its manifest's records). Reported
-   beside it, not judged: the same job in one process (no Ray: driver, learner and evaluator
-   together).
+   process (a Ray actor) sampled every 0.5 s. Targets: flat after the first epoch (at most 32 MB
+   above its end-of-epoch-1 value); within the cache's bound: the cache's share of the peak (the
+   peak above the resident set when the learner was ready, before its first batch, less the same
+   for the same job with `data.cache_mb=1`) at most cache_mb + 16 MB (16: twice the spread seen
+   between two cache_mb=1 runs, 139.7 and 147.6 MB; what the learner holds besides the cache is
+   the training step's working set, reported, not judged); and flat in the corpus's size: the
+   same learner on the corpus's first 5,000 utterances, its peak at most 32 MB below the full
+   corpus's (what grows with the corpus is only its manifest's records). Reported beside it, not
+   judged: the same job in one process (no Ray: driver, learner and evaluator together).
 4. The input pipeline's memory alone: a process that iterates one epoch of a learner's batches
    from audio with no model, its resident set after every 2,000 utterances (what the pipeline
    holds, apart from what training on the batches adds).
@@ -56,7 +58,8 @@ RESULTS = ROOT / "bench" / "results"
 WORK = ROOT / "bench" / "work" / "data_pipeline"
 TINY_MODEL = {"subsample_channels": 32, "d_model": 144, "hidden": 160, "layers": 2}
 SMALL_MODEL = {"subsample_channels": 8, "d_model": 32, "hidden": 32, "layers": 1}
-CACHE_MB, RATIO_TARGET, FLAT_MB, SLACK_MB = 64, 3.0, 32, 128
+CACHE_MB, RATIO_TARGET, FLAT_MB, SHARE_SLACK_MB = 64, 3.0, 32, 16
+NO_CACHE_MB = 1  # the cache_mb of the run that measures what the learner holds besides its cache
 BATCH_SECONDS = 40  # tiny.yaml's
 SMALL_CORPUS = 5_000  # utterances of the memory run on a quarter of the corpus
 
@@ -141,7 +144,8 @@ def step_times(audio: Path, repeats: int, steps: int) -> dict:
     return {k: summary(v) for k, v in runs.items()}
 
 
-def learner_memory(audio: Path, epochs: int, utterances: int, address: str | None, train: Path | None = None) -> dict:
+def learner_memory(audio: Path, epochs: int, utterances: int, address: str | None, train: Path | None = None,
+                   cache_mb: float = CACHE_MB) -> dict:
     """RSS over `epochs` epochs of a one-learner `chorus train`, against its epochs: with `address`
     (a Ray cluster), of the learner's own process (a Ray actor; the evaluator and the driver are
     other processes); without, of the one process that is driver, learner and evaluator at once.
@@ -150,7 +154,7 @@ def learner_memory(audio: Path, epochs: int, utterances: int, address: str | Non
     args = [sys.executable, "-m", "orchestrator.cli", "train", str(ROOT / "jobs" / "configs" / "tiny.yaml"),
             "--out", str(out), "--overwrite", "--set", f"data.train={train or audio / 'train.jsonl'}",
             "--set", f"data.dev={audio}/dev.jsonl", "--set", "data.test=null", "--set", "data.test_unseen=null",
-            "--set", f"data.cache_mb={CACHE_MB}", "--set", f"budget.epochs={epochs}",
+            "--set", f"data.cache_mb={cache_mb}", "--set", f"budget.epochs={epochs}",
             "--set", "budget.wall_seconds=null", "--set", "budget.eval_every_seconds=20", "--set", "learners=1"]
     args += [a for key, value in SMALL_MODEL.items() for a in ("--set", f"model.{key}={value}")]
     args += ["--address", address] if address else []
@@ -191,7 +195,7 @@ def learner_memory(audio: Path, epochs: int, utterances: int, address: str | Non
     before = max((mb for t, e, mb in series if t <= offset), default=series[0][2])
     after_1 = [mb for _, e, mb in series if e <= 1.0]
     later = [mb for _, e, mb in series if e > 1.0]
-    return {"epochs": epochs, "cache_mb": CACHE_MB, "rss_before_first_batch_mb": round(before, 1),
+    return {"epochs": epochs, "cache_mb": cache_mb, "rss_before_first_batch_mb": round(before, 1),
             "rss_end_of_epoch_1_mb": round(after_1[-1], 1), "rss_peak_after_epoch_1_mb": round(max(later), 1),
             "rss_peak_mb": round(max(mb for *_, mb in series), 1),
             "growth_after_epoch_1_mb": round(max(later) - after_1[-1], 1),
@@ -274,12 +278,19 @@ def plot(result: dict, path: Path) -> None:
         small = result["memory_small_corpus"]
         right.plot([e for _, e, _ in small["series"]], [mb for *_, mb in small["series"]], lw=1, color="tab:orange",
                    label=f"the same learner, first {small['utterances']:,} utterances only")
+    if "memory_no_cache" in result:
+        bare = result["memory_no_cache"]["series"]
+        right.plot([e for _, e, _ in bare], [mb for *_, mb in bare], lw=1, color="tab:green",
+                   label=f"the same learner, cache_mb={NO_CACHE_MB}")
     if "memory_in_one_process" in result:
         alone = result["memory_in_one_process"]["series"]
         right.plot([e for _, e, _ in alone], [mb for *_, mb in alone], lw=1, color="grey",
                    label="the same job in one process (driver, learner, evaluator)")
-    right.axhline(memory["rss_before_first_batch_mb"] + CACHE_MB, color="red", ls="--", lw=1,
-                  label=f"before the first batch + cache_mb ({CACHE_MB})")
+    bound = memory["rss_before_first_batch_mb"] + CACHE_MB + SHARE_SLACK_MB
+    if "memory_no_cache" in result:
+        bound += result["memory_no_cache"]["peak_above_start_mb"]
+    right.axhline(bound, color="red", ls="--", lw=1,
+                  label=f"ready + cache_mb={NO_CACHE_MB}'s peak + cache_mb ({CACHE_MB}) + {SHARE_SLACK_MB}: the bound")
     right.set(xlabel="epoch", ylabel="learner RSS (MB)",
               title=f"one learner, {result['utterances']} utterances, cache_mb={CACHE_MB}")
     right.grid(True, alpha=0.3)
@@ -316,24 +327,29 @@ def main() -> None:
         small = subset(audio, SMALL_CORPUS)
         result["memory_small_corpus"] = learner_memory(audio, args.epochs, SMALL_CORPUS, cluster.address, small)
         result["memory_small_corpus"]["utterances"] = SMALL_CORPUS
+        # the same learner with no cache to speak of: what it holds besides the cache
+        result["memory_no_cache"] = learner_memory(audio, args.epochs, result["utterances"], cluster.address,
+                                                   cache_mb=NO_CACHE_MB)
     finally:
         cluster.shutdown()
     small_peak = result["memory_small_corpus"]["rss_peak_mb"]
     result["peak_above_small_corpus_mb"] = round(memory["rss_peak_mb"] - small_peak, 1)
+    result["cache_share_of_peak_mb"] = round(memory["peak_above_start_mb"]
+                                             - result["memory_no_cache"]["peak_above_start_mb"], 1)
     result["memory_in_one_process"] = learner_memory(audio, args.epochs, result["utterances"], None)
     result["pipeline_memory"] = pipeline_memory(audio)
     result["targets"] = {"ratio_audio_to_model": f">= {RATIO_TARGET}", "growth_after_epoch_1_mb": f"<= {FLAT_MB}",
-                         "peak_above_start_mb": f"<= cache_mb + {SLACK_MB} = {CACHE_MB + SLACK_MB}",
+                         "cache_share_of_peak_mb": f"<= cache_mb + {SHARE_SLACK_MB} = {CACHE_MB + SHARE_SLACK_MB}",
                          "peak_above_small_corpus_mb": f"<= {FLAT_MB}"}
     result["passed"] = (result["ratio_audio_to_model"] >= RATIO_TARGET and memory["growth_after_epoch_1_mb"] <= FLAT_MB
-                        and memory["peak_above_start_mb"] <= CACHE_MB + SLACK_MB
+                        and result["cache_share_of_peak_mb"] <= CACHE_MB + SHARE_SLACK_MB
                         and result["peak_above_small_corpus_mb"] <= FLAT_MB)
     result["bench_wall_s"] = round(time.time() - started)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "data_pipeline.json").write_text(json.dumps(result, indent=2) + "\n")
     plot(result, RESULTS / "data_pipeline.png")
     print(json.dumps({k: v for k, v in result.items() if not k.startswith("memory")}, indent=2))
-    for name in ("memory", "memory_small_corpus", "memory_in_one_process"):
+    for name in ("memory", "memory_small_corpus", "memory_no_cache", "memory_in_one_process"):
         print(name, json.dumps({k: v for k, v in result[name].items() if k != "series"}))
     print(json.dumps(result["pipeline_memory"]))
 

@@ -17,17 +17,24 @@ import queue
 import threading
 from collections import OrderedDict
 from collections.abc import Hashable, Iterator
+from typing import NamedTuple
 
 import torch
 
 
 class FeatureCache:
     """Tensors by key, at most `max_bytes` of them (None: no bound); safe to share between the
-    prefetch thread and the step's thread. `hits`, `misses` and `evictions` count since creation."""
+    prefetch thread and the step's thread. `hits`, `misses` and `evictions` count since creation.
+
+    A bounded cache keeps its tensors' bytes in one store of `max_bytes`, allocated once and cut
+    into pages, and `get` hands out a copy: what the cache costs in memory is its bound, however
+    entries come and go. (Kept as separate tensors, entries of every size freed and allocated in
+    turn left the allocator's heap fragmented: a 64 MB cache cost 88-95 MB of resident memory.)"""
 
     def __init__(self, max_bytes: float | None):
         self.max_bytes = max_bytes
-        self._items: OrderedDict[Hashable, torch.Tensor] = OrderedDict()
+        self._pages = None if max_bytes is None else _Pages(int(max_bytes))
+        self._items: OrderedDict[Hashable, torch.Tensor | _Entry] = OrderedDict()
         self._lock = threading.Lock()
         self.nbytes = 0
         self.hits = self.misses = self.evictions = 0
@@ -46,25 +53,71 @@ class FeatureCache:
                 return None
             self._items.move_to_end(key)
             self.hits += 1
-            return value
+            return value if self._pages is None else self._pages.read(value)
 
     def put(self, key: Hashable, value: torch.Tensor) -> None:
         """Keep `value` unless it alone is over the bound; drop the least recently used to fit."""
-        size = _bytes(value)
-        if self.max_bytes is not None and size > self.max_bytes:
+        size = value.element_size() * value.nelement()
+        if self._pages is not None and self._pages.needed(size) > self._pages.count:
             return
         with self._lock:
-            old = self._items.pop(key, None)
-            self.nbytes += size - (_bytes(old) if old is not None else 0)
-            self._items[key] = value
-            while self.max_bytes is not None and self.nbytes > self.max_bytes:
-                _, dropped = self._items.popitem(last=False)
-                self.nbytes -= _bytes(dropped)
-                self.evictions += 1
+            self._drop(key)
+            if self._pages is None:
+                self._items[key] = value
+            else:
+                while self._pages.needed(size) > len(self._pages.free):
+                    self._drop(next(iter(self._items)))
+                    self.evictions += 1
+                self._items[key] = self._pages.write(value)
+            self.nbytes += size
+
+    def _drop(self, key: Hashable) -> None:
+        old = self._items.pop(key, None)
+        if old is not None:
+            self.nbytes -= old.element_size() * old.nelement() if self._pages is None else old.nbytes
+            if self._pages is not None:
+                self._pages.free.extend(old.pages)
 
 
-def _bytes(tensor: torch.Tensor) -> int:
-    return tensor.element_size() * tensor.nelement()
+class _Entry(NamedTuple):
+    """Where a cached tensor's bytes are: its pages in the store, in order, and how to view them."""
+    pages: list[int]
+    nbytes: int
+    dtype: torch.dtype
+    shape: torch.Size
+
+
+class _Pages:
+    """One store of `max_bytes` bytes in pages of a power of two (at most PAGE_BYTES, at least 64
+    to a store), with the free ones' indices. The store's memory is touched only as pages are first
+    written, so an unfilled cache costs what it holds."""
+
+    PAGE_BYTES = 16 * 1024
+
+    def __init__(self, max_bytes: int):
+        self.size = 1 << max(0, min(self.PAGE_BYTES, max_bytes // 64).bit_length() - 1)
+        self.count = max_bytes // self.size
+        self.store = torch.empty(self.count * self.size, dtype=torch.uint8)
+        self.free = list(range(self.count - 1, -1, -1))  # pop() takes the lowest first
+
+    def needed(self, nbytes: int) -> int:
+        return -(-nbytes // self.size)
+
+    def write(self, tensor: torch.Tensor) -> _Entry:
+        data = tensor.detach().contiguous().view(-1).view(torch.uint8)
+        pages = [self.free.pop() for _ in range(self.needed(data.numel()))]
+        for n, page in enumerate(pages):
+            chunk = data[n * self.size:(n + 1) * self.size]
+            self.store[page * self.size:page * self.size + chunk.numel()].copy_(chunk)
+        return _Entry(pages, data.numel(), tensor.dtype, tensor.shape)
+
+    def read(self, entry: _Entry) -> torch.Tensor:
+        out = torch.empty(entry.nbytes, dtype=torch.uint8)
+        for n, page in enumerate(entry.pages):
+            start = n * self.size
+            length = min(self.size, entry.nbytes - start)
+            out[start:start + length].copy_(self.store[page * self.size:page * self.size + length])
+        return out.view(entry.dtype).view(entry.shape)
 
 
 _END = object()

@@ -1,8 +1,12 @@
 """The input pipeline (jobs/pipeline.py): the feature cache keeps to its bound and drops the least
-recently used first; the prefetcher hands over everything in order, raises its source's error
-where it happened and stops when closed; a learner's batches are the same with and without
-prefetch and with a cache far smaller than the corpus's features."""
+recently used first, gives back exactly what it was given, and costs no more memory than its
+bound; the prefetcher hands over everything in order, raises its source's error where it happened
+and stops when closed; a learner's batches are the same with and without prefetch and with a
+cache far smaller than the corpus's features."""
 
+import json
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -34,6 +38,53 @@ def test_the_cache_keeps_to_its_bound_and_drops_the_least_recently_used():
     assert "huge" not in cache and [k for k in "de" if k in cache] == ["d", "e"]
     assert (cache.hits, cache.misses) == (1, 0)
     assert cache.get("b") is None and cache.misses == 1
+
+
+def test_the_cache_gives_back_each_tensor_as_it_was_put_and_a_copy_of_it():
+    cache = FeatureCache(max_bytes=64 * 1024)
+    torch.manual_seed(0)
+    given = {"half": torch.randn(37, 80).half(), "odd": torch.randn(3, 5, 7), "strided": torch.randn(80, 41).t(),
+             "empty": torch.zeros(0, 80), "ints": torch.arange(999, dtype=torch.int64)}
+    for key, tensor in given.items():
+        cache.put(key, tensor)
+    for key, tensor in given.items():
+        got = cache.get(key)
+        assert got.dtype == tensor.dtype and got.shape == tensor.shape and torch.equal(got, tensor), key
+    cache.get("odd").fill_(1.0)  # what a caller does to its copy does not reach the cache
+    assert torch.equal(cache.get("odd"), given["odd"])
+
+
+CHURN = """
+import json, random, sys, torch
+from jobs.pipeline import FeatureCache
+def rss():
+    return int(next(l.split()[1] for l in open("/proc/self/status") if l.startswith("VmRSS"))) / 1024
+torch.manual_seed(0)
+rnd, start = random.Random(0), rss()
+cache, peak = FeatureCache(float(sys.argv[1]) * 2**20), 0.0
+for i in range(6000):  # features of 1-9 s of speech, each a miss, and a hit on a recent one every other time
+    x = torch.randn(80, rnd.randrange(100, 900)).t()
+    cache.put(i, (x - x.mean(0)) / 2)
+    if rnd.random() < 0.5:
+        cache.get(rnd.randrange(max(0, i - 300), i + 1))
+    peak = max(peak, rss() - start)
+print(json.dumps({"peak_mb": peak, "cached_mb": cache.nbytes / 2**20}))
+"""
+
+
+def _churn_peak_mb(cache_mb: float) -> dict:
+    done = subprocess.run([sys.executable, "-c", CHURN, str(cache_mb)], capture_output=True, text=True, check=True,
+                          env={"MALLOC_ARENA_MAX": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": "."})
+    return json.loads(done.stdout)
+
+
+def test_a_full_cache_costs_the_process_no_more_memory_than_its_bound():
+    """Features of every size cached and evicted in turn (as a learner's epochs do): the cache's share
+    of the process's peak (against the same churn through a 1 MB cache) stays within its bound. As
+    separate tensors, entries left the allocator's heap fragmented: 32 MB cost 39-40 MB."""
+    small, full = _churn_peak_mb(1), _churn_peak_mb(32)
+    assert full["cached_mb"] > 30  # full: what is left of its 32 MB is less than one entry's pages
+    assert full["peak_mb"] - small["peak_mb"] <= 32 * 1.05, (small, full)
 
 
 def test_the_prefetcher_hands_over_everything_in_order_and_raises_where_its_source_failed():
