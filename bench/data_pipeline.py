@@ -273,7 +273,7 @@ def plot(result: dict, path: Path) -> None:
     if "pipeline_memory" in result:
         points = result["pipeline_memory"]["rss_by_utterances"]
         right.plot([n / result["utterances"] for n, _ in points], [mb for _, mb in points], lw=1, marker=".",
-                   label="input pipeline alone (no model), one epoch")
+                   color="tab:purple", label="input pipeline alone (no model), one epoch")
     if "memory_small_corpus" in result:
         small = result["memory_small_corpus"]
         right.plot([e for _, e, _ in small["series"]], [mb for *_, mb in small["series"]], lw=1, color="tab:orange",
