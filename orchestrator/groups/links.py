@@ -117,13 +117,13 @@ class ActiveLinks:
     def _open(self, partner, partner_id: str):
         if partner_id in self._gone or time.monotonic() < self._retry_at.get(partner_id, 0.0):
             return None
-        if self._store is None:
-            self._host = ray.util.get_node_ip_address()
-            self._store = dist.TCPStore(self._host, 0, is_master=True, wait_for_workers=False,
-                                        timeout=timedelta(seconds=OPEN_TIMEOUT_S))
         self._opened += 1
         key = f"link-{self._opened}"
         try:
+            if self._store is None:  # this learner's rendezvous, hosted once for all its links
+                self._host = ray.util.get_node_ip_address()
+                self._store = dist.TCPStore(self._host, 0, is_master=True, wait_for_workers=False,
+                                            timeout=timedelta(seconds=OPEN_TIMEOUT_S))
             ray.get(partner.open_link.remote(key, f"{self._host}:{self._store.port}"), timeout=OPEN_TIMEOUT_S)
             self._links[partner_id] = pair_group(self._store, key, 0, self._host)
         except ray.exceptions.ActorUnavailableError:
@@ -132,7 +132,9 @@ class ActiveLinks:
         except PARTNER_GONE:
             self._gone.add(partner_id)
             return None
-        except (ray.exceptions.GetTimeoutError, RuntimeError):  # busy, slow or unreachable
+        except (ray.exceptions.GetTimeoutError, RuntimeError):  # busy, slow or unreachable; or this
+            # learner's own store could not start (its server did not answer itself within
+            # OPEN_TIMEOUT_S on a saturated machine: a 32-learner start, 2026-11-25)
             self._retry_at[partner_id] = time.monotonic() + OPEN_BACKOFF_S
             return None
         return self._links[partner_id]
