@@ -56,6 +56,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import ray  # noqa: E402
 import torch  # noqa: E402
+from _common import summary  # noqa: E402
 
 from orchestrator.capacity import place_learners, release  # noqa: E402
 from orchestrator.groups import AllreduceMember, GossipMember  # noqa: E402
@@ -180,12 +181,6 @@ class Sizes:
     def close(self) -> None:
         release(self.slots, self.learners)
         release(self.reduce_slots, self.reducers)
-
-
-def summary(values: list[float]) -> dict:
-    q = statistics.quantiles(values, n=4, method="inclusive") if len(values) > 1 else [values[0]] * 3
-    return {"median": round(statistics.median(values), 6), "iqr": [round(q[0], 6), round(q[2], 6)],
-            "runs": [round(v, 6) for v in values]}
 
 
 def plot(result: dict, path: Path) -> None:

@@ -1,0 +1,77 @@
+"""What every comparison in bench/ shares, so that a sceptical reader can trust each ratio the
+same way: contenders run interleaved (each repeat measures every contender once, in an order that
+rotates from repeat to repeat, so neither a slow spell of this shared machine nor going first
+favours one), at least `MIN_REPEATS` repeats, summarised as median and interquartile range; a
+ratio of two medians is a win only when the two IQRs do not overlap (otherwise it is called a
+tie); every contender loses a learner the same way (`sigkill`, SIGKILL of the learner's process);
+and the results go out as JSON with a top-level `passed` beside a PNG.
+
+Example:
+    >>> runs = interleaved({"a": lambda r: 1.0 + r, "b": lambda r: 2.0 * (r + 1)}, repeats=5, progress=None)
+    >>> summary(runs["a"])["median"], compare(summary(runs["b"]), summary(runs["a"]))["verdict"]
+    (3.0, 'tie')
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+MIN_REPEATS = 5
+
+
+def interleaved(contenders: Mapping[str, Callable[[int], float]], repeats: int = MIN_REPEATS,
+                progress: Callable[[str], None] | None = print) -> dict[str, list[float]]:
+    """Runs each contender's measurement (called with the repeat's index) once per repeat; the order
+    rotates by one each repeat. Returns every contender's values in repeat order."""
+    if repeats < MIN_REPEATS:
+        raise ValueError(f"repeats={repeats}: a comparison needs at least {MIN_REPEATS}")
+    names = list(contenders)
+    runs: dict[str, list[float]] = {name: [] for name in names}
+    for repeat in range(repeats):
+        shift = repeat % len(names)
+        for name in names[shift:] + names[:shift]:
+            runs[name].append(float(contenders[name](repeat)))
+        if progress is not None:
+            progress(f"repeat {repeat + 1}/{repeats}: " + ", ".join(f"{n} {runs[n][-1]:.4g}" for n in names))
+    return runs
+
+
+def summary(values: list[float], digits: int = 6) -> dict:
+    """Median, interquartile range (inclusive quartiles) and the values themselves."""
+    if not values:
+        raise ValueError("no values to summarise")
+    q = statistics.quantiles(values, n=4, method="inclusive") if len(values) > 1 else [values[0]] * 3
+    return {"median": round(statistics.median(values), digits), "iqr": [round(q[0], digits), round(q[2], digits)],
+            "runs": [round(v, digits) for v in values]}
+
+
+def compare(a: dict, b: dict) -> dict:
+    """`a`'s median over `b`'s (two `summary` results) and whether that ratio is outside the noise:
+    'higher' or 'lower' when the IQRs are apart, 'tie' when they overlap."""
+    ratio = a["median"] / b["median"]
+    if a["iqr"][0] > b["iqr"][1]:
+        verdict = "higher"
+    elif a["iqr"][1] < b["iqr"][0]:
+        verdict = "lower"
+    else:
+        verdict = "tie"
+    return {"ratio": round(ratio, 4), "verdict": verdict}
+
+
+def sigkill(pid: int) -> None:
+    """The one fault every contender gets: SIGKILL of the learner's (or worker's) process."""
+    os.kill(pid, signal.SIGKILL)
+
+
+def write_results(path: Path, result: dict, plot: Callable[[dict, Path], None]) -> None:
+    """`result` as JSON at `path` (it must say `passed`) and its figure beside it (same name, .png)."""
+    if not isinstance(result.get("passed"), bool):
+        raise ValueError(f"{path.name}: a benchmark's result needs a top-level boolean 'passed'")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    plot(result, path.with_suffix(".png"))
