@@ -1,7 +1,8 @@
-"""What every comparison in bench/ shares, so that a sceptical reader can trust each ratio the
-same way: contenders run interleaved (each repeat measures every contender once, in an order that
-rotates from repeat to repeat, so neither a slow spell of this shared machine nor going first
-favours one), at least `MIN_REPEATS` repeats, summarised as median and interquartile range; a
+"""What comparisons in bench/ are to share (so far transport.py takes its `summary` from here), so
+that a sceptical reader can trust each ratio the same way: contenders run interleaved (each repeat
+measures every contender once, in an order that rotates by one from repeat to repeat, so a slow
+spell of this shared machine falls on all of them; with repeats a multiple of the contenders each
+goes first equally often), at least `MIN_REPEATS` repeats, summarised as median and interquartile range; a
 ratio of two medians is a win only when the two IQRs do not overlap (otherwise it is called a
 tie); every contender loses a learner the same way (`sigkill`, SIGKILL of the learner's process);
 and the results go out as JSON with a top-level `passed` beside a PNG.
@@ -31,6 +32,8 @@ def interleaved(contenders: Mapping[str, Callable[[int], float]], repeats: int =
     if repeats < MIN_REPEATS:
         raise ValueError(f"repeats={repeats}: a comparison needs at least {MIN_REPEATS}")
     names = list(contenders)
+    if not names:
+        raise ValueError("no contenders to compare")
     runs: dict[str, list[float]] = {name: [] for name in names}
     for repeat in range(repeats):
         shift = repeat % len(names)
@@ -51,16 +54,16 @@ def summary(values: list[float], digits: int = 6) -> dict:
 
 
 def compare(a: dict, b: dict) -> dict:
-    """`a`'s median over `b`'s (two `summary` results) and whether that ratio is outside the noise:
-    'higher' or 'lower' when the IQRs are apart, 'tie' when they overlap."""
-    ratio = a["median"] / b["median"]
+    """`a`'s median over `b`'s (two `summary` results; None when `b`'s is 0) and whether that ratio
+    is outside the noise: 'higher' or 'lower' when the IQRs are apart, 'tie' when they overlap."""
+    ratio = round(a["median"] / b["median"], 4) if b["median"] else None
     if a["iqr"][0] > b["iqr"][1]:
         verdict = "higher"
     elif a["iqr"][1] < b["iqr"][0]:
         verdict = "lower"
     else:
         verdict = "tie"
-    return {"ratio": round(ratio, 4), "verdict": verdict}
+    return {"ratio": ratio, "verdict": verdict}
 
 
 def sigkill(pid: int) -> None:

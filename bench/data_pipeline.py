@@ -290,7 +290,8 @@ def plot(result: dict, path: Path) -> None:
     if "memory_no_cache" in result:
         bound += result["memory_no_cache"]["peak_above_start_mb"]
     right.axhline(bound, color="red", ls="--", lw=1,
-                  label=f"ready + cache_mb={NO_CACHE_MB}'s peak + cache_mb ({CACHE_MB}) + {SHARE_SLACK_MB}: the bound")
+                  label=f"ready + cache_mb={NO_CACHE_MB}'s peak above its ready + {CACHE_MB} + {SHARE_SLACK_MB}: "
+                        "the bound")
     right.set(xlabel="epoch", ylabel="learner RSS (MB)",
               title=f"one learner, {result['utterances']} utterances, cache_mb={CACHE_MB}")
     right.grid(True, alpha=0.3)

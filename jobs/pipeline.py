@@ -58,7 +58,8 @@ class FeatureCache:
             return value if self._pages is None else self._pages.read(value)
 
     def put(self, key: Hashable, value: torch.Tensor) -> None:
-        """Keep `value` unless it alone is over the bound; drop the least recently used to fit."""
+        """Keep `value` unless it alone is over the bound (its whole pages over the store's); drop
+        the least recently used to fit."""
         size = value.element_size() * value.nelement()
         if self._pages is not None:
             if self._pages.needed(size) > self._pages.count:
@@ -94,8 +95,10 @@ class _Entry(NamedTuple):
 class _Pages:
     """One store of `max_bytes` bytes in pages of a power of two (at most PAGE_BYTES, at least 64
     to a store), with the free ones' indices. The store's memory is touched only as pages are first
-    written, so an unfilled cache costs what it holds. A tensor goes in and out in two copies (its
-    whole pages, indexed, and the last one's part) whatever its number of pages."""
+    written, so an unfilled cache costs what it holds (it does take `max_bytes` of address space
+    at once: a limit on virtual memory, `ulimit -v`, must leave room for it). A tensor goes in and
+    out in two copies (its whole pages, indexed, and the last one's part) whatever its number of
+    pages."""
 
     PAGE_BYTES = 16 * 1024
 

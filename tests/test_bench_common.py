@@ -2,14 +2,16 @@
 than 5 repeats, a ratio called a win only when the IQRs are apart, and no result written without
 its verdict."""
 
+import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-import _common  # noqa: E402
+# loaded from its file: bench/ is not put on sys.path, where its scripts would shadow other modules
+_spec = importlib.util.spec_from_file_location("_common", Path(__file__).resolve().parents[1] / "bench" / "_common.py")
+_common = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_common)
 
 pytestmark = pytest.mark.unit
 
@@ -24,6 +26,8 @@ def test_contenders_run_interleaved_in_an_order_that_rotates_each_repeat():
     assert [r for r, _ in order] == sorted(r for r, _ in order)  # each repeat ends before the next begins
     with pytest.raises(ValueError, match="at least 5"):
         _common.interleaved(contenders, repeats=3)
+    with pytest.raises(ValueError, match="no contenders"):
+        _common.interleaved({}, repeats=5)
 
 
 def test_a_ratio_is_a_win_only_when_the_interquartile_ranges_are_apart():
@@ -33,6 +37,7 @@ def test_a_ratio_is_a_win_only_when_the_interquartile_ranges_are_apart():
     assert _common.compare(slow, fast)["verdict"] == "lower"
     close = _common.summary([12.5, 13, 13.5, 14, 20])
     assert _common.compare(close, slow)["verdict"] == "tie"
+    assert _common.compare(slow, _common.summary([0.0] * 5))["ratio"] is None  # no division by a zero median
 
 
 def test_a_result_without_its_verdict_is_not_written(tmp_path):

@@ -18,7 +18,8 @@ each link in a thread of its own (blocked in a receive, which releases the GIL) 
 closes it or goes away. A partner that is gone costs its neighbour that one exchange: a broken
 link fails its send or receive at once (the kernel closes a dead process's sockets); a partner
 whose actor Ray reports dead is not asked again, and one that did not answer is not asked again
-for OPEN_BACKOFF_S.
+for OPEN_BACKOFF_S; a learner whose own rendezvous store could not start opens no link for
+OPEN_BACKOFF_S.
 
 Weights travel as CPU float32 (gloo); a learner on a GPU stages them through host memory. NCCL
 links for GPU learners are not built.
@@ -70,6 +71,7 @@ class ActiveLinks:
         self._retry_at: dict[str, float] = {}  # partners that did not answer: when to ask again
         self._opened = 0
         self._store = self._host = None
+        self._store_retry_at = 0.0  # this learner's store could not start: when to try again
         self._mine = self._theirs = None  # this side's buffers: its weights out, the partner's in
 
     def start(self, learner, partner):
@@ -115,15 +117,18 @@ class ActiveLinks:
         self.keep_only([])
 
     def _open(self, partner, partner_id: str):
-        if partner_id in self._gone or time.monotonic() < self._retry_at.get(partner_id, 0.0):
+        now = time.monotonic()
+        if partner_id in self._gone or now < self._retry_at.get(partner_id, 0.0) or now < self._store_retry_at:
             return None
         self._opened += 1
         key = f"link-{self._opened}"
         try:
             if self._store is None:  # this learner's rendezvous, hosted once for all its links
                 self._host = ray.util.get_node_ip_address()
+                self._store_retry_at = now + OPEN_BACKOFF_S  # until it has started
                 self._store = dist.TCPStore(self._host, 0, is_master=True, wait_for_workers=False,
                                             timeout=timedelta(seconds=OPEN_TIMEOUT_S))
+                self._store_retry_at = 0.0
             ray.get(partner.open_link.remote(key, f"{self._host}:{self._store.port}"), timeout=OPEN_TIMEOUT_S)
             self._links[partner_id] = pair_group(self._store, key, 0, self._host)
         except ray.exceptions.ActorUnavailableError:

@@ -54,6 +54,11 @@ def test_the_cache_gives_back_each_tensor_as_it_was_put_and_a_copy_of_it():
         assert got.dtype == tensor.dtype and got.shape == tensor.shape and torch.equal(got, tensor), key
     cache.get("odd").fill_(1.0)  # what a caller does to its copy does not reach the cache
     assert torch.equal(cache.get("odd"), given["odd"])
+    small, kept = FeatureCache(max_bytes=40 * 1024), {}  # pages freed by evictions, written again
+    for i in range(30):
+        kept[i] = torch.randn(int(torch.randint(10, 2000, (1,))))
+        small.put(i, kept[i])
+    assert small.evictions > 0 and all(torch.equal(small.get(i), kept[i]) for i in range(30) if i in small)
 
 
 CHURN = """
@@ -90,7 +95,7 @@ def test_a_full_cache_costs_the_process_no_more_memory_than_its_bound():
     of the process's peak (against the same churn through a 1 MB cache) stays within its bound. As
     separate tensors, entries left the allocator's heap fragmented: 32 MB cost 39-40 MB."""
     small, full = _churn_peak_mb(1), _churn_peak_mb(32)
-    assert full["cached_mb"] > 30  # full: what is left of its 32 MB is less than one entry's pages
+    assert full["cached_mb"] > 32 * 0.9  # full (its entries' last pages are half empty on average)
     assert full["peak_mb"] - small["peak_mb"] <= 32 * 1.05, (small, full)
 
 

@@ -2,6 +2,8 @@
 cannot start (its server did not answer itself in time, as on a saturated machine) loses that
 exchange and tries again after the back-off; it is not the learner's end."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch.distributed as dist
 
@@ -11,11 +13,10 @@ pytestmark = pytest.mark.unit
 
 
 class _Partner:
-    class _Id:
-        def hex(self) -> str:
-            return "partner-0"
+    """What ActiveLinks reads of a partner's actor handle before it opens a link: its id."""
 
-    _actor_id = _Id()
+    def __init__(self, name: str = "partner-0"):
+        self._actor_id = SimpleNamespace(hex=lambda: name)
 
 
 def test_a_store_that_cannot_start_costs_the_exchange_not_the_learner(monkeypatch):
@@ -29,6 +30,7 @@ def test_a_store_that_cannot_start_costs_the_exchange_not_the_learner(monkeypatc
     monkeypatch.setattr(links.ray.util, "get_node_ip_address", lambda: "127.0.0.1")
     active = links.ActiveLinks()
     assert active.start(learner=None, partner=_Partner()) is None  # the exchange is lost, nothing raised
-    assert active.start(learner=None, partner=_Partner()) is None and len(tries) == 1  # backing off
-    monkeypatch.setattr(links.time, "monotonic", lambda: float("inf"))  # the back-off is over
+    assert active.start(learner=None, partner=_Partner("partner-1")) is None and len(tries) == 1  # backing
+    # off, for every partner: the store is this learner's own
+    monkeypatch.setattr(links, "time", SimpleNamespace(monotonic=lambda: float("inf")))  # the back-off is over
     assert active.start(learner=None, partner=_Partner()) is None and len(tries) == 2  # tried again
