@@ -1,59 +1,69 @@
 """Benchmark: Chorus `allreduce` against Ray Train's `TorchTrainer` (DDP), same model, data and
-number of workers, measured in the same run.
+number of workers, measured in the same run on the shared harness (`bench/_common.py`).
 
-Both train `jobs/configs/tiny.yaml`'s model (BiLSTM-CTC, ~1.1M parameters) on the same 2,000
-synthesized utterances with the same workload code (`jobs.workload.AsrWorkload`: sharding, batches,
-features, loss, AdamW step), 2 workers of one CPU (one torch thread) each, gloo, for the same
-number of epochs. Ray Train wraps the model in DistributedDataParallel (`prepare_model`) and uses
+Two models, each compared on its own: `tiny.yaml`'s (BiLSTM-CTC, ~1.1M parameters) and a wider
+one of ~10M parameters (`MODELS`: d_model 256, 2 layers of 520 LSTM units a direction, 64
+subsampling channels), where the gradient traffic is ~40 MB a step. Both contenders train on the
+same 2,000 synthesized utterances with the same workload code (`jobs.workload.AsrWorkload`:
+sharding, batches of the same padded seconds, features, loss, AdamW step), 2 workers of one CPU
+(one torch thread) each, gloo, for the same number of epochs. Ray Train wraps the model in
+DistributedDataParallel (`prepare_model`: bucketed all-reduces started during backward) and uses
 `model.join()` for shards of unequal batch counts; Chorus averages size-weighted gradients with one
-flat all-reduce per step. Both do the same bookkeeping: a resumable checkpoint (model and optimizer
-state) after every epoch -- Chorus's job checkpoint, and in Ray Train rank 0's `ray.train.report`
-with a checkpoint, as Ray Train's guide writes its loops.
+flat all-reduce per step (its default). Both do the same bookkeeping: a resumable checkpoint (model
+and optimizer state) after every epoch -- Chorus's job checkpoint, and in Ray Train rank 0's
+`ray.train.report` with a checkpoint, as Ray Train's guide writes its loops.
 
-Measured for each contender:
+Measured for each contender, in the same window:
 - start-up: seconds from the call that starts training (`TrainingJob.run()`, `TorchTrainer.fit()`)
   to the first completed optimizer step on any worker (placement, worker processes, process
   group, model and data set-up, first batch);
 - steady samples/s: training utterances per second from the end of epoch 1 (every feature cache
   warm) to the end of the last epoch.
 
-Every contender gets a fresh local Ray instance (`ray.init(num_cpus=2)`), so neither profits from
-worker processes the other left; the order alternates between repeats and the medians are
-compared. Targets: Chorus samples/s >= 1.0x Ray Train's; Chorus start-up <= 0.5x Ray Train's.
-Writes `bench/results/vs_ray_train.json` and `vs_ray_train.png`.
+Every run gets a fresh local Ray instance (`ray.init(num_cpus=2)`), so neither profits from worker
+processes the other left; the contenders run interleaved (`_common.interleaved`, order rotating),
+5 repeats by default, summarised as median [IQR]. Targets (issue 19), for each model: Chorus
+samples/s >= 1.10x Ray Train's with the two IQRs apart (`_common.compare` says 'higher'); Chorus
+start-up <= 0.5x Ray Train's. Writes `bench/results/vs_ray_train.json` and `vs_ray_train.png`.
 
-Usage: .venv/bin/python bench/vs_ray_train.py [--epochs 5] [--repeats 3]
+Usage: .venv/bin/python bench/vs_ray_train.py [--models tiny,10m] [--epochs 4] [--repeats 5]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import statistics
+import sys
 import time
 from pathlib import Path
 
-import matplotlib
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import matplotlib  # noqa: E402
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import ray  # noqa: E402
+from _common import compare, interleaved, summary, write_results  # noqa: E402
 
 from jobs.synth import synthesize  # noqa: E402
 from orchestrator.config import load_spec  # noqa: E402
 from orchestrator.job import TrainingJob  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 WORK = ROOT / "bench" / "work" / "vs_ray_train"
 WORKERS = 2
-TARGET_THROUGHPUT = 1.0  # Chorus samples/s over Ray Train's, at least
+TARGET_THROUGHPUT = 1.10  # Chorus samples/s over Ray Train's, at least, with the IQRs apart
 TARGET_STARTUP = 0.5  # Chorus start-up over Ray Train's, at most
+MODELS = {  # name -> overrides of tiny.yaml's model section
+    "tiny": [],
+    "10m": ["model.d_model=256", "model.hidden=520", "model.layers=2", "model.subsample_channels=64"],
+}
 
 
-def job_spec(corpus: Path, epochs: int):
-    return load_spec(ROOT / "jobs" / "configs" / "tiny.yaml", [
+def job_spec(corpus: Path, epochs: int, model: str):
+    return load_spec(ROOT / "jobs" / "configs" / "tiny.yaml", [*MODELS[model],
         f"data.train={corpus}/train.jsonl", "data.dev=null", "data.test=null", "data.test_unseen=null",
         f"budget.epochs={epochs}", "budget.wall_seconds=null", f"learners={WORKERS}", "group.kind=allreduce",
         "cpus_per_learner=1", "name=vs-ray-train"])
@@ -65,8 +75,8 @@ def steady_rate(marks: list[tuple[float, int]]) -> float:
     return (s1 - s0) / (t1 - t0)
 
 
-def run_chorus(corpus: Path, epochs: int) -> dict:
-    job = TrainingJob(job_spec(corpus, epochs), WORK / "chorus", overwrite=True)
+def run_chorus(corpus: Path, epochs: int, model: str) -> dict:
+    job = TrainingJob(job_spec(corpus, epochs, model), WORK / "chorus", overwrite=True)
     summary = job.run()
     marks = [(e["wall_s"], e["samples"]) for e in job.evals]
     return {"startup_s": summary["startup_s"], "samples_per_s": steady_rate(marks), "samples": summary["samples"],
@@ -120,11 +130,11 @@ def ray_train_loop(config: dict) -> None:
             ray.train.report(metrics, checkpoint=checkpoint)
 
 
-def run_ray_train(corpus: Path, epochs: int) -> dict:
+def run_ray_train(corpus: Path, epochs: int, model: str) -> dict:
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    spec = job_spec(corpus, epochs)
+    spec = job_spec(corpus, epochs, model)
     workload = spec.workload_config.model_dump(mode="json")
     trainer = TorchTrainer(
         ray_train_loop, train_loop_config={"workload": workload, "seed": spec.seed, "epochs": epochs},
@@ -140,33 +150,62 @@ def run_ray_train(corpus: Path, epochs: int) -> dict:
             "samples": marks[-1][1], "epochs": len(marks), "wall_s": round(wall, 2)}
 
 
-def run_fresh(name: str, corpus: Path, epochs: int) -> dict:
+def run_fresh(name: str, corpus: Path, epochs: int, model: str) -> dict:
     ray.init(num_cpus=WORKERS, include_dashboard=False, log_to_driver=False)
     try:
-        result = (run_chorus if name == "chorus" else run_ray_train)(corpus, epochs)
+        result = (run_chorus if name == "chorus" else run_ray_train)(corpus, epochs, model)
     finally:
         ray.shutdown()
-    print(f"[{name}] start-up {result['startup_s']:.2f} s, steady {result['samples_per_s']:.1f} samples/s, "
+    print(f"[{model} {name}] start-up {result['startup_s']:.2f} s, steady {result['samples_per_s']:.1f} samples/s, "
           f"{result['samples']} samples in {result['wall_s']:.1f} s", flush=True)
     return result
 
 
-def plot(runs: dict, ratios: dict, path: Path) -> None:
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.8))
-    names = ["ray_train", "chorus"]
+def compare_on(model: str, corpus: Path, epochs: int, repeats: int) -> dict:
+    """Both contenders on one model, interleaved: every run's figures, their summaries, the ratios
+    and whether this model meets the targets."""
+    runs: dict[str, list[dict]] = {"ray_train": [], "chorus": []}
+
+    def contender(name: str):
+        def measure(_repeat: int) -> float:
+            runs[name].append(run_fresh(name, corpus, epochs, model))
+            return runs[name][-1]["samples_per_s"]
+        return measure
+
+    interleaved({name: contender(name) for name in runs}, repeats=repeats)
+    stats = {name: {key: summary([r[key] for r in rs], 3) for key in ("startup_s", "samples_per_s")}
+             for name, rs in runs.items()}
+    throughput = compare(stats["chorus"]["samples_per_s"], stats["ray_train"]["samples_per_s"])
+    startup = compare(stats["chorus"]["startup_s"], stats["ray_train"]["startup_s"])
+    passed = (throughput["ratio"] >= TARGET_THROUGHPUT and throughput["verdict"] == "higher"
+              and startup["ratio"] <= TARGET_STARTUP)
+    from jobs.workload import AsrWorkload
+    spec = job_spec(corpus, epochs, model)
+    parameters = sum(p.numel() for p in AsrWorkload(spec.workload_config, seed=spec.seed).build_model().parameters())
+    return {"parameters": parameters, "stats": stats, "samples_per_s": throughput, "startup": startup,
+            "passed": passed, "runs": runs}
+
+
+def plot(result: dict, path: Path) -> None:
+    models = list(result["models"])
+    fig, axes = plt.subplots(len(models), 2, figsize=(9, 3.6 * len(models)), squeeze=False)
     labels = ["Ray Train\nTorchTrainer (DDP)", "Chorus\nallreduce"]
-    for ax, key, unit, target in ((ax1, "startup_s", "start-up to first step (s)", TARGET_STARTUP),
-                                  (ax2, "samples_per_s", "steady samples/s", TARGET_THROUGHPUT)):
-        for x, name in enumerate(names):
-            values = [r[key] for r in runs[name]]
-            ax.bar(x, statistics.median(values), color=["tab:gray", "tab:blue"][x], alpha=0.8)
-            ax.scatter([x] * len(values), values, color="black", s=12, zorder=3)
-        ax.set_xticks([0, 1], labels)
-        ratio = ratios["startup" if key == "startup_s" else "samples_per_s"]
-        ax.set_title(f"{unit}\nChorus / Ray Train = {ratio:.2f} (target {'<=' if key == 'startup_s' else '>='}"
-                     f" {target:g})", fontsize=9)
-        ax.grid(True, axis="y", alpha=0.3)
-    fig.suptitle(f"Chorus allreduce vs Ray Train DDP: tiny.yaml model, {WORKERS} CPU workers (bars: median)",
+    for row, model in zip(axes, models, strict=True):
+        entry = result["models"][model]
+        for ax, key, unit, target, sign in ((row[0], "startup_s", "start-up to first step (s)", TARGET_STARTUP, "<="),
+                                            (row[1], "samples_per_s", "steady samples/s", TARGET_THROUGHPUT, ">=")):
+            for x, name in enumerate(("ray_train", "chorus")):
+                stat = entry["stats"][name][key]
+                low, high = stat["iqr"]
+                ax.bar(x, stat["median"], color=["tab:gray", "tab:blue"][x], alpha=0.8,
+                       yerr=[[stat["median"] - low], [high - stat["median"]]], capsize=6)
+                ax.scatter([x] * len(stat["runs"]), stat["runs"], color="black", s=10, zorder=3)
+            ax.set_xticks([0, 1], labels)
+            cmp = entry["startup" if key == "startup_s" else "samples_per_s"]
+            ax.set_title(f"{model}: {unit}\nChorus / Ray Train = {cmp['ratio']:.3f} ({cmp['verdict']}; target "
+                         f"{sign} {target:g})", fontsize=9)
+            ax.grid(True, axis="y", alpha=0.3)
+    fig.suptitle(f"Chorus allreduce vs Ray Train DDP, {WORKERS} CPU workers (bars: median, whiskers: IQR, dots: runs)",
                  fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -174,32 +213,29 @@ def plot(runs: dict, ratios: dict, path: Path) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--epochs", type=int, default=5)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--models", default=",".join(MODELS), help="comma-separated names from MODELS")
+    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
+    models = args.models.split(",")
+    unknown = sorted(set(models) - set(MODELS))
+    if unknown:
+        parser.error(f"--models: unknown {unknown}; known: {sorted(MODELS)}")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a throwaway local instance
-    RESULTS.mkdir(parents=True, exist_ok=True)
     corpus = WORK / "corpus-2000-0"
     if not (corpus / "corpus.json").is_file():
         synthesize(corpus, utterances=2000, eval_utterances=20, seed=0, progress=False)
-    runs: dict[str, list[dict]] = {"ray_train": [], "chorus": []}
-    for repeat in range(args.repeats):
-        order = ["ray_train", "chorus"] if repeat % 2 == 0 else ["chorus", "ray_train"]
-        for name in order:
-            runs[name].append(run_fresh(name, corpus, args.epochs))
-    median = {name: {key: statistics.median(r[key] for r in rs) for key in ("startup_s", "samples_per_s")}
-              for name, rs in runs.items()}
-    ratios = {"startup": median["chorus"]["startup_s"] / median["ray_train"]["startup_s"],
-              "samples_per_s": median["chorus"]["samples_per_s"] / median["ray_train"]["samples_per_s"]}
-    passed = ratios["samples_per_s"] >= TARGET_THROUGHPUT and ratios["startup"] <= TARGET_STARTUP
+    started = time.time()
+    entries = {model: compare_on(model, corpus, args.epochs, args.repeats) for model in models}
     result = {"benchmark": "vs_ray_train", "workers": WORKERS, "epochs": args.epochs, "repeats": args.repeats,
-              "targets": {"samples_per_s_ratio_min": TARGET_THROUGHPUT, "startup_ratio_max": TARGET_STARTUP},
-              "median": median, "ratios": {k: round(v, 3) for k, v in ratios.items()}, "passed": passed,
-              "runs": runs}
-    (RESULTS / "vs_ray_train.json").write_text(json.dumps(result, indent=2) + "\n")
-    plot(runs, ratios, RESULTS / "vs_ray_train.png")
-    print(json.dumps({"ratios": result["ratios"], "median": median, "passed": passed}))
-    return 0 if passed else 1
+              "model_overrides": {m: MODELS[m] for m in models}, "wall_s": round(time.time() - started, 1),
+              "targets": {"samples_per_s_ratio_min": TARGET_THROUGHPUT, "samples_per_s_iqrs_apart": True,
+                          "startup_ratio_max": TARGET_STARTUP},
+              "models": entries, "passed": all(e["passed"] for e in entries.values())}
+    write_results(RESULTS / "vs_ray_train.json", result, plot)
+    for model, e in entries.items():
+        print(f"{model}: samples/s {e['samples_per_s']}, start-up {e['startup']}, passed {e['passed']}")
+    return 0 if result["passed"] else 1
 
 
 if __name__ == "__main__":
