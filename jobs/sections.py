@@ -81,6 +81,9 @@ class ModelConfig(BaseModel):
     layers: LSTM layers or Conformer blocks.
     heads, ffn_dim, conv_kernel: Conformer attention heads, feed-forward width, depthwise kernel.
     dropout: dropout inside the encoder.
+    precision: the arithmetic of forward and backward passes: `fp32`, or `bf16` (mixed precision:
+        the model runs under bfloat16 autocast while its weights, gradients, optimizer state and the
+        CTC loss stay float32; what GPUs from A100 on run fastest, and no loss scaling is needed).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -93,6 +96,7 @@ class ModelConfig(BaseModel):
     ffn_dim: int = Field(576, ge=1)
     conv_kernel: int = Field(15, ge=1)
     dropout: float = Field(0.1, ge=0.0, lt=1.0)
+    precision: Literal["fp32", "bf16"] = "fp32"
 
 
 class OptimConfig(BaseModel):

@@ -287,8 +287,14 @@ class AsrWorkload:
         The batch moves to the model's device."""
         batch = batch.to(_device_of(model))
         feats = self.spec_augment(batch.feats) if model.training else batch.feats
-        log_probs, out_lengths = model(feats, batch.feat_lengths)
-        return ctc_loss(log_probs, out_lengths, batch.targets, batch.target_lengths)
+        with self.autocast(model):
+            log_probs, out_lengths = model(feats, batch.feat_lengths)
+        return ctc_loss(log_probs.float(), out_lengths, batch.targets, batch.target_lengths)
+
+    def autocast(self, model: torch.nn.Module) -> torch.autocast:
+        """The model's forward pass in its precision (`model.precision`): bfloat16 autocast, or none."""
+        return torch.autocast(_device_of(model).type, dtype=torch.bfloat16,
+                              enabled=self.config.model.precision == "bf16")
 
     @torch.no_grad()
     def evaluate(self, model: torch.nn.Module, source: str | Path) -> dict | None:
@@ -309,7 +315,9 @@ class AsrWorkload:
             if batch is None:
                 continue
             batch = batch.to(_device_of(model))
-            log_probs, out_lengths = model(batch.feats, batch.feat_lengths)
+            with self.autocast(model):
+                log_probs, out_lengths = model(batch.feats, batch.feat_lengths)
+            log_probs = log_probs.float()
             loss_sum += ctc_loss(log_probs, out_lengths, batch.targets, batch.target_lengths).item() * batch.size
             hyps += greedy_decode(log_probs, out_lengths, self.tokenizer)
             refs += batch.texts
