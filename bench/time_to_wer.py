@@ -1,0 +1,249 @@
+"""Benchmark: wall time until a job reaches 5% WER on `dev` -- four learners of which one is 3x
+slower, `tiny.yaml`'s model and data (issue 19, part 4).
+
+Contenders, as in bench/heterogeneous.py (4 learners, learner 3 slowed 3x by sleeping (3 - 1) x
+its compute each step, one logical CPU and one torch thread each, 20 s of padded audio per
+learner per step for everyone):
+- Chorus `gossip` (ring ordered by measured speed),
+- Chorus `allreduce`, throughput-balanced shards and batches,
+- Ray Train's `TorchTrainer` (DDP), equal shards and batches (its slow worker sleeps through a
+  DDP comm hook, bench/heterogeneous.py's `_slow_allreduce_hook`).
+
+All train tiny.yaml's model with its optimizer and learning-rate schedule over its 40 epochs,
+on the corpus `make demo` makes (`chorus synth --utterances 2000 --seed 0`), and evaluate `dev`
+every `EVAL_SECONDS` of wall time (Chorus: `budget.eval_every_seconds`; Ray Train: rank 0, when
+rank 0's clock says so, broadcast to the others with each step). Measured: seconds from the
+call that starts training (`TrainingJob.run()`, `TorchTrainer.fit()`) to the end of the first
+evaluation at or below `WER_TARGET` (start-up included: what a user waits). A run that does not
+get there within `--limit` seconds counts as the limit and is marked.
+
+Interleaved (`_common.interleaved`, order rotating), `--repeats` times (5), each in a fresh local
+Ray instance. Target: Chorus's better median <= 0.5x Ray Train's.
+
+Writes `bench/results/time_to_wer.json` and `time_to_wer.png`.
+Usage: .venv/bin/python bench/time_to_wer.py [--repeats 5] [--limit 900]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import matplotlib  # noqa: E402
+
+matplotlib.use("Agg")
+import heterogeneous  # noqa: E402
+import matplotlib.pyplot as plt  # noqa: E402
+import ray  # noqa: E402
+from _common import compare, interleaved, summary, write_results  # noqa: E402
+from heterogeneous import BATCH_SECONDS, FACTOR, LEARNERS, SLOW, _slow_allreduce_hook  # noqa: E402
+from ray import cloudpickle  # noqa: E402
+
+from jobs.synth import synthesize  # noqa: E402
+from orchestrator.config import load_spec  # noqa: E402
+from orchestrator.job import TrainingJob  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results"
+WORK = ROOT / "bench" / "work" / "time_to_wer"
+WER_TARGET, EVAL_SECONDS, RATIO_TARGET = 5.0, 20.0, 0.5
+CONTENDERS = ["gossip", "allreduce_balanced", "ray_train"]
+cloudpickle.register_pickle_by_value(heterogeneous)  # Ray Train's workers cannot import bench/ modules
+
+
+def job_spec(corpus: Path, kind: str, name: str):
+    """tiny.yaml for 4 learners, learner 3 slowed, its 40 epochs, dev every EVAL_SECONDS."""
+    return load_spec(ROOT / "jobs" / "configs" / "tiny.yaml", [
+        f"data.train={corpus}/train.jsonl", f"data.dev={corpus}/dev.jsonl", "data.test=null",
+        "data.test_unseen=null", f"data.max_batch_seconds={BATCH_SECONDS}", "budget.wall_seconds=null",
+        "budget.epochs=40", "budget.eval_every_epochs=1000", f"budget.eval_every_seconds={EVAL_SECONDS}",
+        f"learners={LEARNERS}", "cpus_per_learner=1", f"group.kind={kind}", "group.balance=true",
+        f"simulate.slowdown={{{SLOW}: {FACTOR}}}", f"name={name}"])
+
+
+def run_chorus(corpus: Path, name: str, limit: float) -> dict:
+    kind = "gossip" if name == "gossip" else "allreduce"
+    started, reached, curve = time.time(), [], []
+    job: TrainingJob
+
+    def report(record: dict) -> None:
+        wer = record.get("dev_wer")
+        curve.append((round(time.time() - started, 1), wer))
+        if wer is not None and wer <= WER_TARGET and not reached:
+            reached.append(time.time() - started)
+            job.stop()
+
+    job = TrainingJob(job_spec(corpus, kind, name), WORK / name, report=report, overwrite=True)
+    timer = threading.Timer(limit, job.stop)  # a run that does not get there ends at the limit
+    timer.start()
+    try:
+        summary_ = job.run()
+    finally:
+        timer.cancel()
+    return {"seconds": reached[0] if reached else limit, "reached": bool(reached), "curve": curve,
+            "epochs": summary_["epochs"]}
+
+
+def ray_train_loop(config: dict) -> None:
+    """One Ray Train worker: tiny.yaml's workload under DDP, the slow rank slowed; rank 0 evaluates
+    `dev` every `eval_seconds` and stops everyone at the target. Every rank takes the same number
+    of steps an epoch (the fewest any shard has: DistributedSampler's drop_last), so the flags'
+    broadcast after each step meets on every rank."""
+    import itertools
+    import time
+
+    import ray.train
+    import ray.train.torch
+    import torch
+    import torch.distributed as dist
+
+    from jobs.sections import WorkloadConfig
+    from jobs.workload import AsrWorkload
+
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    torch.set_num_threads(1)
+    workload = AsrWorkload(WorkloadConfig.model_validate(config["workload"]), seed=config["seed"])
+    model = ray.train.torch.prepare_model(workload.build_model())
+    optimizer = workload.build_optimizer(model)
+    clock = {"compute": 0.0, "step": 0, "slept": -1, "slept_s": 0.0}
+    if rank == config["slow"]:
+        model.register_comm_hook(clock, config["hook"])
+    started, last_eval, curve, reached = config["started"], time.time(), [], None
+    flags, step, epoch = torch.zeros(2), 0, 0  # [evaluate now, stop]
+    while epoch < config["epochs"] and not flags[1]:
+        batches = workload.batches(rank, world, epoch)
+        count = torch.tensor([float(len(batches))])
+        dist.all_reduce(count, op=dist.ReduceOp.MIN)  # the same steps on every rank (drop_last)
+        for batch in itertools.islice(batches, int(count.item())):
+            began, clock["step"], clock["slept_s"] = time.perf_counter(), step, 0.0
+            optimizer.zero_grad()
+            workload.loss(model, batch).backward()
+            clock["compute"] = time.perf_counter() - began - clock["slept_s"]
+            workload.optimizer_step(model, optimizer, step, epoch / config["epochs"])
+            step += 1
+            if rank == 0:
+                flags[0] = float(time.time() - last_eval >= config["eval_seconds"])
+                flags[1] = float(time.time() - started >= config["limit"])
+            dist.broadcast(flags, 0)
+            if flags[0]:
+                if rank == 0:
+                    wer = workload.evaluate(model.module, "dev")["wer"]
+                    curve.append((round(time.time() - started, 1), wer))
+                    last_eval = time.time()
+                    if wer <= config["target"]:
+                        reached, flags[1] = time.time() - started, 1.0
+                dist.broadcast(flags, 0)
+                report(rank, model, optimizer, {"reached": reached, "curve": curve, "epochs": epoch})
+            if flags[1]:
+                break
+        epoch += 1
+    report(rank, model, optimizer, {"reached": reached, "curve": curve, "epochs": epoch})
+
+
+def report(rank: int, model, optimizer, metrics: dict) -> None:
+    """Every rank reports; rank 0 with a resumable checkpoint (as Chorus checkpoints at each
+    evaluation), so Ray Train keeps these metrics as the result's."""
+    import tempfile
+    from pathlib import Path
+
+    import ray.train
+    import torch
+
+    with tempfile.TemporaryDirectory() as tmp:
+        checkpoint = None
+        if rank == 0:
+            torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict()},
+                       Path(tmp, "checkpoint.pt"))
+            checkpoint = ray.train.Checkpoint.from_directory(tmp)
+        ray.train.report(metrics, checkpoint=checkpoint)
+
+
+def run_ray_train(corpus: Path, limit: float) -> dict:
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    started = time.time()
+    spec = job_spec(corpus, "allreduce", "ray-train")
+    trainer = TorchTrainer(
+        ray_train_loop, train_loop_config={
+            "workload": spec.workload_config.model_dump(mode="json"), "seed": spec.seed, "slow": SLOW,
+            "hook": _slow_allreduce_hook(FACTOR), "started": started, "limit": limit, "epochs": 40,
+            "eval_seconds": EVAL_SECONDS, "target": WER_TARGET},
+        scaling_config=ScalingConfig(num_workers=LEARNERS, use_gpu=False, resources_per_worker={"CPU": 1}),
+        torch_config=TorchConfig(backend="gloo"),
+        run_config=RunConfig(name=f"time-to-wer-{time.time_ns()}", storage_path=str(WORK / "ray_train")))
+    metrics = trainer.fit().metrics
+    reached = metrics["reached"]
+    return {"seconds": reached if reached is not None else limit, "reached": reached is not None,
+            "curve": metrics["curve"], "epochs": metrics["epochs"]}
+
+
+def run_fresh(name: str, corpus: Path, limit: float, details: dict) -> float:
+    ray.init(num_cpus=LEARNERS, include_dashboard=False, log_to_driver=False)
+    try:
+        result = run_ray_train(corpus, limit) if name == "ray_train" else run_chorus(corpus, name, limit)
+    finally:
+        ray.shutdown()
+    details.setdefault(name, []).append(result)
+    print(f"[{name}] {result['seconds']:.1f} s (reached: {result['reached']}, {result['epochs']} epochs)",
+          flush=True)
+    return result["seconds"]
+
+
+def plot(result: dict, path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    for x, name in enumerate(CONTENDERS):
+        c = result["contenders"][name]["seconds"]
+        ax.bar(x, c["median"], color=["tab:green", "tab:blue", "tab:gray"][x], alpha=0.85,
+               yerr=[[c["median"] - c["iqr"][0]], [c["iqr"][1] - c["median"]]], capsize=6)
+        ax.scatter([x] * len(c["runs"]), c["runs"], color="black", s=10, zorder=3)
+        ax.text(x, c["iqr"][1], f"{c['median']:.0f} s", ha="center", va="bottom", fontsize=8)
+    ax.axhline(result["limit_s"], color="red", ls=":", lw=1, label="limit (not reached)")
+    ax.set_xticks(range(len(CONTENDERS)), ["Chorus gossip", "Chorus allreduce\nbalanced", "Ray Train DDP"])
+    ax.set_ylabel(f"seconds to dev WER <= {WER_TARGET:g}% (median, IQR)")
+    ax.set_title(f"4 learners, learner {SLOW} slowed {FACTOR:g}x, 2 shared cores; best Chorus / Ray Train = "
+                 f"{result['best_over_ray_train']['ratio']} (target <= {RATIO_TARGET})", fontsize=9)
+    ax.legend(fontsize=8)
+    ax.grid(True, axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--limit", type=float, default=900.0, help="seconds a run may take at most")
+    args = parser.parse_args()
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # throwaway local instances
+    corpus = WORK / "corpus-2000-0"
+    if not (corpus / "corpus.json").is_file():
+        synthesize(corpus, utterances=2000, seed=0, progress=False)  # as `make demo`
+    details: dict[str, list[dict]] = {}
+    started = time.time()
+    runs = interleaved({name: (lambda _r, name=name: run_fresh(name, corpus, args.limit, details))
+                        for name in CONTENDERS}, repeats=args.repeats)
+    stats = {name: summary(values, 1) for name, values in runs.items()}
+    best = min(("gossip", "allreduce_balanced"), key=lambda n: stats[n]["median"])
+    versus = compare(stats[best], stats["ray_train"])
+    reached = {name: [d["reached"] for d in details[name]] for name in CONTENDERS}
+    result = {"benchmark": "time_to_wer", "learners": LEARNERS, "slowdown": {SLOW: FACTOR},
+              "batch_seconds": BATCH_SECONDS, "wer_target": WER_TARGET, "eval_every_s": EVAL_SECONDS,
+              "limit_s": args.limit, "repeats": args.repeats, "wall_s": round(time.time() - started, 1),
+              "contenders": {name: {"seconds": stats[name], "reached": reached[name], "details": details[name]}
+                             for name in CONTENDERS},
+              "best_chorus": best, "best_over_ray_train": versus,
+              "passed": all(reached[best]) and versus["ratio"] <= RATIO_TARGET and versus["verdict"] == "lower"}
+    write_results(RESULTS / "time_to_wer.json", result, plot)
+    print({name: stats[name]["median"] for name in CONTENDERS}, "best", best, versus, "passed", result["passed"])
+    return 0 if result["passed"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
