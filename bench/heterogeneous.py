@@ -168,7 +168,7 @@ def ray_train_loop(config: dict) -> None:
     if rank == config["slow"]:
         model.register_comm_hook(clock, _slow_allreduce_hook(config["factor"]))
     (low, deadline), step, in_window, epoch = config["window"], 0, 0, 0
-    while time.time() < deadline:
+    while on_time(deadline):
         with model.join():  # shards hold different numbers of batches; ranks may stop at the deadline
             for batch in workload.batches(rank, world, epoch):
                 if time.time() >= deadline:
@@ -193,13 +193,29 @@ def ray_train_loop(config: dict) -> None:
             ray.train.report({"epoch": epoch, "in_window": int(total.item())}, checkpoint=checkpoint)
 
 
+def on_time(deadline: float) -> bool:
+    """Whether rank 0's clock is before the deadline, the same answer on every rank (each rank's
+    own clock could disagree by the milliseconds between them and leave one in a collective)."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    flag = torch.tensor([float(time.time() < deadline)])
+    dist.broadcast(flag, 0)
+    return bool(flag.item())
+
+
 def _slow_allreduce_hook(factor: float):
     """A DDP communication hook for the slowed rank: before its first gradient bucket of a step is
     all-reduced it sleeps (factor - 1) x the compute (forward + backward) of its previous step --
     the place and length of a Chorus learner's `simulate.slowdown`, which sleeps before its
     gradients are exchanged. Sleeping after the all-reduce instead would let the other ranks
     compute during the sleep and the slowed rank compute alone on the shared cores, which a slow
-    GPU does not buy."""
+    GPU does not buy. Not quite the same place: DDP's first bucket (1 MiB: the output layer and
+    the last LSTM layer's smaller weights) is ready before backward ends, so the slowed rank does
+    the rest of its backward after the sleep while the others wait on that bucket, a few percent
+    of a step that the slowed rank computes on emptier cores than a Chorus learner would."""
     import time
 
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook

@@ -13,9 +13,12 @@ All train tiny.yaml's model with its optimizer and learning-rate schedule over i
 on the corpus `make demo` makes (`chorus synth --utterances 2000 --seed 0`), and evaluate `dev`
 every `EVAL_SECONDS` of wall time (Chorus: `budget.eval_every_seconds`; Ray Train: rank 0, when
 rank 0's clock says so, broadcast to the others with each step). Measured: seconds from the
-call that starts training (`TrainingJob.run()`, `TorchTrainer.fit()`) to the end of the first
-evaluation at or below `WER_TARGET` (start-up included: what a user waits). A run that does not
-get there within `--limit` seconds counts as the limit and is marked.
+call that starts training (`TrainingJob.run()`, `TorchTrainer.fit()`) until the first evaluation
+at or below `WER_TARGET` is known (start-up included: what a user waits). For Ray Train that is
+the end of rank 0's evaluation; for Chorus, the moment the job reports it (its driver picks up
+the evaluation between rounds, after the checkpoint is written), a few seconds after the
+evaluation ends at most: a bias against Chorus, kept because it is what a user sees. A run that
+does not get there within `--limit` seconds counts as the limit and is marked.
 
 Interleaved (`_common.interleaved`, order rotating), `--repeats` times (5), each in a fresh local
 Ray instance. Target: Chorus's better median <= 0.5x Ray Train's.
@@ -80,13 +83,14 @@ def run_chorus(corpus: Path, name: str, limit: float) -> dict:
             job.stop()
 
     job = TrainingJob(job_spec(corpus, kind, name), WORK / name, report=report, overwrite=True)
-    timer = threading.Timer(limit, job.stop)  # a run that does not get there ends at the limit
+    timer = threading.Timer(started + limit - time.time(), job.stop)  # a run that does not get there ends at the limit
     timer.start()
     try:
         summary_ = job.run()
     finally:
         timer.cancel()
-    return {"seconds": reached[0] if reached else limit, "reached": bool(reached), "curve": curve,
+    made_it = bool(reached) and reached[0] <= limit  # not the final evaluation after a stop at the limit
+    return {"seconds": reached[0] if made_it else limit, "reached": made_it, "curve": curve,
             "epochs": summary_["epochs"]}
 
 

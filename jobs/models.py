@@ -54,7 +54,7 @@ class BiLstmCtc(nn.Module):
         # padding), and padded frames are zeroed so the reverse direction starts from neutral input.
         valid = torch.arange(x.shape[1], device=x.device)[None, :] < lengths[:, None].to(x.device)
         x, _ = self.lstm(x * valid.unsqueeze(-1))
-        return F.log_softmax(self.out(x), dim=-1), lengths
+        return F.log_softmax(self.out(x).float(), dim=-1), lengths  # float32 under bf16 autocast too
 
 
 class ConformerCtc(nn.Module):
@@ -70,7 +70,7 @@ class ConformerCtc(nn.Module):
         x, lengths = self.subsample(feats, lengths)
         x = x[:, : int(lengths.max())]
         x, lengths = self.encoder(x, lengths)
-        return F.log_softmax(self.out(x), dim=-1), lengths
+        return F.log_softmax(self.out(x).float(), dim=-1), lengths  # float32 under bf16 autocast too
 
 
 def build_model(cfg: ModelConfig, in_bins: int, vocab_size: int) -> nn.Module:

@@ -58,9 +58,11 @@ class AllreduceMember:
     def step(self, learner) -> None:
         size = reduce_gradients(learner, learner.next_batch(), self.buckets)
         if self.buckets is None:
+            device_settled(learner, compute_only=True)
             start = time.perf_counter()
             with learner.waiting_on_group():
                 collective(dist.all_reduce, learner.grad_buffer)
+                device_settled(learner)
             learner.comm_s += time.perf_counter() - start
         apply_reduced_gradients(learner, learner.grad_buffer, size)
 
@@ -148,15 +150,29 @@ def reduce_gradients(learner, batch, buckets: GradientBuckets | None) -> int:
                 buf[:-GRAD_TAIL].mul_(size)
         buf[-3], buf[-2], buf[-1] = float(learner.batches_left()), float(size), loss * size
         if buckets is not None:
+            device_settled(learner, compute_only=True)
             start = time.perf_counter()
             with learner.waiting_on_group():
                 buckets.finish(buf[-GRAD_TAIL:])  # what backward has not hidden
+                device_settled(learner)
             learner.comm_s += time.perf_counter() - start
     except BaseException:
         if buckets is not None:
             buckets.abandon()
         raise
     return size
+
+
+def device_settled(learner, compute_only: bool = False) -> None:
+    """On a GPU, wait until the device's queued work is done -- with `compute_only`, that of the
+    learner's compute stream (backward), else of every stream (NCCL's too) -- so that what an
+    all-reduce costs is timed as communication: an NCCL call returns to the host before its
+    transfer is done, and the host would otherwise wait for it later, timed as compute."""
+    if learner.device.type == "cuda":
+        if compute_only:
+            torch.cuda.current_stream(learner.device).synchronize()
+        else:
+            torch.cuda.synchronize(learner.device)
 
 
 def apply_reduced_gradients(learner, buf: torch.Tensor, size: int) -> None:

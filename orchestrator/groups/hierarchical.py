@@ -21,6 +21,7 @@ from orchestrator.groups.allreduce import (
     broadcast_counters,
     broadcast_weights,
     collective,
+    device_settled,
     join_process_group,
     leave_process_group,
     reduce_gradients,
@@ -55,6 +56,7 @@ class HierarchicalMember:
     def step(self, learner) -> None:
         exchange = self.leader.start_exchange(learner) if self.leader is not None else None
         size = reduce_gradients(learner, learner.next_batch(), None)  # this member's, size-weighted
+        device_settled(learner, compute_only=True)
         comm_before, started = learner.comm_s, time.perf_counter()
         with learner.waiting_on_group():
             if self.node_size > 1:
@@ -63,6 +65,7 @@ class HierarchicalMember:
                 self.leader.finish_exchange(learner, exchange)
             if self.node_size > 1:
                 broadcast_weights(learner, self.node_rank)
+            device_settled(learner)
         # the whole interval, exchange wait included (so what finish_exchange added is not counted twice)
         learner.comm_s = comm_before + time.perf_counter() - started
         apply_reduced_gradients(learner, learner.grad_buffer, size)

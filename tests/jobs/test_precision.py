@@ -22,11 +22,13 @@ def test_bf16_runs_the_model_in_bfloat16_and_keeps_weights_gradients_and_loss_in
     batch = next(iter(full.batches(0, 1, 0)))
     model.eval()  # no SpecAugment, no dropout: the two passes see the same input
     seen = []
-    hook = model.register_forward_hook(lambda _m, _i, out: seen.append(out[0].dtype))
+    hook = model.out.register_forward_hook(lambda _m, _i, out: seen.append(out.dtype))  # the output layer
     reference = full.loss(model, batch)
     loss = mixed.loss(model, batch)
     hook.remove()
     assert seen == [torch.float32, torch.bfloat16]  # the same model; only the autocast differs
+    with mixed.autocast(model):  # the log-probabilities come out float32 either way (log_softmax in float32)
+        assert model(batch.feats, batch.feat_lengths)[0].dtype == torch.float32
     assert loss.dtype == reference.dtype == torch.float32
     assert torch.isfinite(loss) and abs(loss.item() - reference.item()) <= 0.02 * reference.item()
     loss.backward()
