@@ -23,9 +23,21 @@ BIN = Path(sys.executable).parent  # the venv's bin: on the head's PATH, so a jo
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct ports free now. Every socket is held until all are chosen: two free_port()
+    calls in a row can get the same port back from the kernel (a head's client server and its
+    dashboard agent once did, and `ray start` refused them)."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
 
 
 class HeadNode:
@@ -46,15 +58,14 @@ class HeadNode:
         if token:
             self.token_file.write_text(secrets.token_hex(16))
             self.env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(self.token_file))
-        self.dashboard_port = free_port()
+        self.dashboard_port, self.gcs_port, client_port, agent_port = free_ports(4)
         self.address = f"http://127.0.0.1:{self.dashboard_port}"
-        self.gcs_port = free_port()
         command = [str(BIN / "ray"), "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(self.gcs_port),
                    "--dashboard-host", "127.0.0.1", "--dashboard-port", str(self.dashboard_port),
-                   "--include-dashboard", str(dashboard).lower(), "--ray-client-server-port", str(free_port()),
+                   "--include-dashboard", str(dashboard).lower(), "--ray-client-server-port", str(client_port),
                    # not Ray's default 52365: another Ray node on this machine may hold it, and a job
                    # agent that cannot listen takes no job ("No available agent to submit job")
-                   "--dashboard-agent-listen-port", str(free_port()),
+                   "--dashboard-agent-listen-port", str(agent_port),
                    "--num-cpus", str(cpus), "--temp-dir", str(self.temp_dir), "--disable-usage-stats",
                    "--system-config", json.dumps({"metrics_report_interval_ms": 1000}, allow_nan=False)]
         if autoscaling is not None:
