@@ -30,6 +30,7 @@ Usage: .venv/bin/python bench/time_to_wer.py [--repeats 5] [--limit 900]
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import threading
@@ -196,6 +197,8 @@ def run_fresh(name: str, corpus: Path, limit: float, details: dict) -> float:
     finally:
         ray.shutdown()
     details.setdefault(name, []).append(result)
+    with open(WORK / "progress.jsonl", "a") as progress:  # each run kept as it ends, should the benchmark be cut short
+        progress.write(json.dumps({"contender": name, **result}) + "\n")
     print(f"[{name}] {result['seconds']:.1f} s (reached: {result['reached']}, {result['epochs']} epochs)",
           flush=True)
     return result["seconds"]
