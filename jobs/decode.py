@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from jobs.tokenizer import BLANK, CharTokenizer
+from jobs.tokenizer import BLANK, BpeTokenizer, CharTokenizer
 
 
-def greedy_decode(log_probs: torch.Tensor, lengths: torch.Tensor, tokenizer: CharTokenizer) -> list[str]:
+def greedy_decode(log_probs: torch.Tensor, lengths: torch.Tensor, tokenizer: CharTokenizer | BpeTokenizer) -> list[str]:
     """Decode a batch of CTC outputs.
 
     Args:

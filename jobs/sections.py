@@ -12,12 +12,15 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
+EVAL_SPLITS = ("dev", "test", "test_unseen", "test_unseen_engine")  # the data keys evaluated, in this order
+
 
 class DataConfig(BaseModel):
     """Args:
-    train, dev, test, test_unseen: a `.jsonl` manifest, a LibriSpeech-layout directory or a
-        features directory (`chorus features`: filterbanks computed once) each; all but `train`
-        may be left out.
+    train, dev, test, test_unseen, test_unseen_engine: a `.jsonl` manifest, a LibriSpeech-layout
+        directory or a features directory (`chorus features`: filterbanks computed once) each; all
+        but `train` may be left out. `test_unseen` is meant for voices never heard in training,
+        `test_unseen_engine` for speech from a synthesizer (or recording setup) never heard in training.
     max_batch_seconds: padded audio seconds per batch (utterances x longest in the batch).
     max_utterance_seconds: a longer utterance is skipped (counted, never loaded), which bounds
         the memory one utterance takes.
@@ -32,12 +35,13 @@ class DataConfig(BaseModel):
     dev: Path | None = None
     test: Path | None = None
     test_unseen: Path | None = None
+    test_unseen_engine: Path | None = None
     max_batch_seconds: float = 60.0
     max_utterance_seconds: float = Field(60.0, gt=0)
     cache_mb: float = Field(1024.0, gt=0)
     prefetch_batches: int = Field(2, ge=0)
 
-    @field_validator("train", "dev", "test", "test_unseen")
+    @field_validator("train", *EVAL_SPLITS)
     @classmethod
     def _exists(cls, path: Path | None, info: ValidationInfo) -> Path | None:
         if path is None or not (info.context or {}).get("check_paths", True):  # paths of another machine
@@ -72,6 +76,68 @@ class FeatureConfig(BaseModel):
     num_time_masks: int = Field(2, ge=0)
 
 
+class AugmentConfig(BaseModel):
+    """Waveform augmentation of training utterances, drawn anew each epoch from (seed, epoch,
+    utterance) alone; evaluation never sees it (`jobs/augment.py`). Every kind is off by default.
+
+    Args:
+        speed_factors: speed perturbation: each utterance is resampled by one factor drawn from
+            these (tempo and pitch change together, as Kaldi's and ESPnet's recipes do), e.g.
+            `[0.9, 1.0, 1.1]`; empty turns it off. A factor below 1 lengthens the utterance, so a
+            batch may hold up to `1 / min(factor)` times `data.max_batch_seconds` of audio.
+        noise_prob: the chance that an utterance gets additive white noise.
+        noise_snr_db: `[low, high]`: its signal-to-noise ratio in dB, drawn uniformly.
+        reverb_prob: the chance that an utterance is convolved with a synthetic room impulse
+            response (exponentially decaying noise after a direct path).
+        reverb_rt60_s: `[low, high]`: that room's reverberation time (60 dB decay) in seconds.
+    """
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    speed_factors: list[float] = Field(default_factory=list)
+    noise_prob: float = Field(0.0, ge=0, le=1)
+    noise_snr_db: tuple[float, float] = (10.0, 30.0)
+    reverb_prob: float = Field(0.0, ge=0, le=1)
+    reverb_rt60_s: tuple[float, float] = (0.2, 0.8)
+
+    @field_validator("speed_factors")
+    @classmethod
+    def _factors(cls, factors: list[float]) -> list[float]:
+        if any(not 0.5 <= f <= 2.0 for f in factors):
+            raise ValueError(f"speed factors must lie in [0.5, 2.0], got {factors}")
+        return factors
+
+    @field_validator("noise_snr_db", "reverb_rt60_s")
+    @classmethod
+    def _range(cls, bounds: tuple[float, float]) -> tuple[float, float]:
+        if bounds[0] > bounds[1]:
+            raise ValueError(f"expected [low, high] with low <= high, got {list(bounds)}")
+        return bounds
+
+    @field_validator("reverb_rt60_s")
+    @classmethod
+    def _positive_rt60(cls, bounds: tuple[float, float]) -> tuple[float, float]:
+        if bounds[0] <= 0:
+            raise ValueError(f"reverberation times must be > 0 s, got {list(bounds)}")
+        return bounds
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.speed_factors) or self.noise_prob > 0 or self.reverb_prob > 0
+
+
+class TokenizerConfig(BaseModel):
+    """Args:
+    kind: `char` (letters, apostrophe and space) or `bpe` (SentencePiece byte-pair encoding,
+        trained from the training transcripts when the job starts and saved with its checkpoints).
+    vocab: the BPE vocabulary's size at most (a corpus with fewer distinct pieces gets fewer);
+        the model's output layer has `vocab + 1` classes, CTC's blank included.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["char", "bpe"] = "char"
+    vocab: int = Field(128, ge=2, le=32_000)
+
+
 class ModelConfig(BaseModel):
     """Args:
     kind: `bilstm_ctc` or `conformer_ctc`.
@@ -84,6 +150,7 @@ class ModelConfig(BaseModel):
     precision: the arithmetic of forward and backward passes: `fp32`, or `bf16` (mixed precision:
         the model runs under bfloat16 autocast while its weights, gradients, optimizer state and the
         CTC loss stay float32; what GPUs from A100 on run fastest, and no loss scaling is needed).
+    tokenizer: the units the model emits: characters, or BPE subwords.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -97,6 +164,7 @@ class ModelConfig(BaseModel):
     conv_kernel: int = Field(15, ge=1)
     dropout: float = Field(0.1, ge=0.0, lt=1.0)
     precision: Literal["fp32", "bf16"] = "fp32"
+    tokenizer: TokenizerConfig = TokenizerConfig()
 
 
 class OptimConfig(BaseModel):
@@ -129,13 +197,15 @@ class WorkloadConfig(BaseModel):
     Args:
         data: the corpus's splits and how batches are cut.
         features: log-mel filterbanks and SpecAugment.
-        model: the recognizer (BiLSTM or Conformer, CTC).
+        augment: speed, noise and reverberation of training audio.
+        model: the recognizer (BiLSTM or Conformer, CTC) and its units.
         optim: AdamW, its schedule, clipping and rollbacks.
     """
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     data: DataConfig
     features: FeatureConfig = FeatureConfig()
+    augment: AugmentConfig = AugmentConfig()
     model: ModelConfig = ModelConfig()
     optim: OptimConfig = OptimConfig()
 

@@ -19,20 +19,22 @@ import dataclasses
 import math
 import os
 import socket
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from jobs.augment import Augment
 from jobs.data import AudioError, DataError, SkipReport, Utterance, load_audio, read_corpus, shard_batches
 from jobs.decode import greedy_decode
 from jobs.feature_shards import FeatureShards, is_features_folder
 from jobs.features import Fbank, SpecAugment
 from jobs.models import build_model, ctc_loss
 from jobs.pipeline import FeatureCache, Prefetcher
-from jobs.sections import WorkloadConfig
-from jobs.tokenizer import CharTokenizer
+from jobs.sections import EVAL_SPLITS, WorkloadConfig
+from jobs.tokenizer import BpeTokenizer, CharTokenizer, build_tokenizer, output_size, tokenizer_from_state
 from jobs.wer import word_error_rate
 
 ONEDNN_PRIMITIVES = "32"  # oneDNN's CPU kernels (LSTM, convolutions) the process keeps, one per input shape:
@@ -67,15 +69,22 @@ class Batch:
 class Corpus:
     """A corpus's utterances with their features computed on first use (or read from a features
     folder's shards, `jobs.feature_shards`) and kept in `cache` (a `FeatureCache`, shared by the
-    workload's corpora; none: an unbounded cache of its own)."""
+    workload's corpora; none: an unbounded cache of its own). `tokenizer` is asked for the
+    tokenizer when a batch is made (a BPE one is trained on first use). With an enabled `augment`,
+    a batch of an epoch (`collate(..., epoch=)`) is made from the cached clean waveforms, augmented;
+    without an epoch (evaluation), from the clean features."""
 
-    def __init__(self, source: str | Path, fbank: Fbank, tokenizer: CharTokenizer, max_seconds: float = math.inf,
-                 cache: FeatureCache | None = None):
+    def __init__(self, source: str | Path, fbank: Fbank, tokenizer: Callable[[], CharTokenizer | BpeTokenizer],
+                 max_seconds: float = math.inf, cache: FeatureCache | None = None, augment: Augment | None = None):
         self.source = Path(source)
         self.shards = FeatureShards(source, fbank.num_mel_bins, max_seconds) if is_features_folder(source) else None
         self.utterances, self.skipped = ((self.shards.utterances, self.shards.skipped) if self.shards
                                          else read_corpus(source, max_seconds))
         self.fbank, self.tokenizer, self.max_seconds = fbank, tokenizer, max_seconds
+        self.augment = augment if augment is not None and augment.enabled else None
+        if self.augment is not None and self.shards is not None:
+            raise DataError(f"augment needs audio, and {source} is a features folder: switch augmentation off or "
+                            f"train from the audio's manifest")
         self.cache = cache if cache is not None else FeatureCache(None)
         self._key = str(self.source.resolve())
         self._bad: set[int] = set()
@@ -89,38 +98,49 @@ class Corpus:
 
     def tried(self, i: int) -> bool:
         """Whether utterance `i`'s features are in the cache, or its audio proved unreadable."""
-        return i in self._bad or (self._key, i) in self.cache
+        return i in self._bad or (self._key, i, "features") in self.cache
 
-    def features(self, i: int) -> torch.Tensor | None:
+    def features(self, i: int, epoch: int | None = None) -> torch.Tensor | None:
+        """Utterance `i`'s features: clean, or with `epoch` and an augmentation, augmented for that epoch."""
+        if self.augment is not None and epoch is not None:
+            waveform = self._cached(i, "waveform", lambda utt: load_audio(utt.path, self.max_seconds))
+            return None if waveform is None else self.fbank(self.augment(waveform, epoch, i))
+        return self._cached(i, "features", lambda utt: self.shards.read(i) if self.shards
+                            else self.fbank(load_audio(utt.path, self.max_seconds)))
+
+    def _cached(self, i: int, what: str, read: Callable[[Utterance], torch.Tensor]) -> torch.Tensor | None:
+        """`read(utterance i)` through the cache (under `what`); None, the utterance skipped, when unreadable."""
         if i in self._bad:
             return None
-        feats = self.cache.get((self._key, i))
-        if feats is None:
+        key = (self._key, i, what)
+        value = self.cache.get(key)
+        if value is None:
             utt: Utterance = self.utterances[i]
             try:
-                feats = self.shards.read(i) if self.shards else self.fbank(load_audio(utt.path, self.max_seconds))
+                value = read(utt)
             except AudioError as exc:
                 self._bad.add(i)
-                what = f"utterance {utt.id} in {utt.path}" if self.shards else str(utt.path)
-                self.skipped.skip(f"{what} ({exc.detail})" if exc.detail else what, exc.reason,
+                where = f"utterance {utt.id} in {utt.path}" if self.shards else str(utt.path)
+                self.skipped.skip(f"{where} ({exc.detail})" if exc.detail else where, exc.reason,
                                   f"{utt.path}:{utt.id}" if self.shards else str(utt.path))
                 return None
-            self.cache.put((self._key, i), feats)
-        return feats
+            self.cache.put(key, value)
+        return value
 
-    def collate(self, indices: list[int]) -> Batch | None:
-        items = [(i, f) for i in indices if (f := self.features(i)) is not None]
+    def collate(self, indices: list[int], epoch: int | None = None) -> Batch | None:
+        items = [(i, f) for i in indices if (f := self.features(i, epoch)) is not None]
         if not items:
             return None
         feats = [f for _, f in items]
         utts = [self.utterances[i] for i, _ in items]
-        targets = [self.tokenizer.encode(u.text) for u in utts]
+        tokenizer = self.tokenizer()
+        targets = [tokenizer.encode(u.text) for u in utts]
         return Batch(
             feats=torch.nn.utils.rnn.pad_sequence(feats, batch_first=True),
             feat_lengths=torch.tensor([len(f) for f in feats]),
             targets=torch.cat(targets),
             target_lengths=torch.tensor([len(t) for t in targets]),
-            texts=[self.tokenizer.normalize(u.text) for u in utts],
+            texts=[tokenizer.normalize(u.text) for u in utts],
             ids=[u.id for u in utts],
         )
 
@@ -133,15 +153,15 @@ class ShardBatches:
     prepared ahead in a background thread (`jobs.pipeline.Prefetcher`); `position` still counts
     only those handed out."""
 
-    def __init__(self, corpus: Corpus, plan: list[list[int]], start: int = 0, prefetch: int = 0):
-        self.corpus, self.plan, self.position, self.prefetch = corpus, plan, start, prefetch
+    def __init__(self, corpus: Corpus, plan: list[list[int]], start: int = 0, prefetch: int = 0, epoch: int = 0):
+        self.corpus, self.plan, self.position, self.prefetch, self.epoch = corpus, plan, start, prefetch, epoch
 
     def __len__(self) -> int:
         return len(self.plan)
 
     def _prepared(self) -> Iterator[tuple[int, Batch | None]]:
         for position in range(self.position, len(self.plan)):
-            yield position, self.corpus.collate(self.plan[position])
+            yield position, self.corpus.collate(self.plan[position], self.epoch)
 
     def __iter__(self) -> Iterator[Batch]:
         whole_epoch, trained = self.position == 0, False
@@ -186,7 +206,9 @@ class AsrWorkload:
     def __init__(self, config: WorkloadConfig, seed: int = 0):
         os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", ONEDNN_PRIMITIVES)
         self.config, self.seed = config, seed
-        self.tokenizer = CharTokenizer()
+        self._tokenizer: CharTokenizer | BpeTokenizer | None = None
+        self._tokenizer_lock = threading.Lock()  # the prefetch thread and the step's may both ask first
+        self.augment = Augment(config.augment, seed)
         self.fbank = Fbank(config.features.num_mel_bins)
         self.spec_augment = SpecAugment(config.features)
         self.cache = FeatureCache(config.data.cache_mb * 2**20)  # every split's features, one bound
@@ -196,19 +218,28 @@ class AsrWorkload:
     def corpus(self, source: str | Path) -> Corpus:
         key = Path(source).resolve()
         if key not in self._corpora:
-            self._corpora[key] = Corpus(source, self.fbank, self.tokenizer, self.config.data.max_utterance_seconds,
-                                        self.cache)
+            self._corpora[key] = Corpus(source, self.fbank, lambda: self.tokenizer,
+                                        self.config.data.max_utterance_seconds, self.cache, self.augment)
         return self._corpora[key]
+
+    @property
+    def tokenizer(self) -> CharTokenizer | BpeTokenizer:
+        """`model.tokenizer`'s tokenizer: the one a loaded checkpoint carried, or else one made now
+        (BPE: trained from the training transcripts, the same on every learner)."""
+        with self._tokenizer_lock:
+            if self._tokenizer is None:
+                self._tokenizer = build_tokenizer(self.config.model.tokenizer, (u.text for u in self.train.utterances))
+            return self._tokenizer
 
     @property
     def train(self) -> Corpus:
         return self.corpus(self.config.data.train)
 
     def check_data(self) -> None:
-        """Raise a DataError naming the first split of the spec (train, dev, test, test_unseen) that
-        has no usable utterance, with its skip reasons: before a job places anything."""
+        """Raise a DataError naming the first split of the spec (train, then `EVAL_SPLITS`) that has
+        no usable utterance, with its skip reasons: before a job places anything."""
         d = self.config.data
-        for what, source in (("training", d.train), ("dev", d.dev), ("test", d.test), ("test_unseen", d.test_unseen)):
+        for what, source in [("training", d.train)] + [(split, getattr(d, split)) for split in EVAL_SPLITS]:
             if source is not None:
                 corpus = self.corpus(source)
                 if not len(corpus):
@@ -220,8 +251,8 @@ class AsrWorkload:
 
     @staticmethod
     def eval_splits(config: WorkloadConfig) -> list[str]:
-        """The evaluation splits the spec names (dev, test, test_unseen)."""
-        return [split for split in ("dev", "test", "test_unseen") if getattr(config.data, split) is not None]
+        """The evaluation splits the spec names (of `EVAL_SPLITS`)."""
+        return [split for split in EVAL_SPLITS if getattr(config.data, split) is not None]
 
     def skip_counts(self) -> dict[str, int]:
         """Training utterances skipped, by reason."""
@@ -244,7 +275,8 @@ class AsrWorkload:
 
     def build_model(self) -> torch.nn.Module:
         torch.manual_seed(self.seed)
-        return build_model(self.config.model, self.config.features.num_mel_bins, self.tokenizer.vocab_size)
+        cfg = self.config
+        return build_model(cfg.model, cfg.features.num_mel_bins, output_size(cfg.model.tokenizer))
 
     def build_optimizer(self, model: torch.nn.Module) -> torch.optim.Optimizer:
         o = self.config.optim
@@ -280,7 +312,7 @@ class AsrWorkload:
                             f"{corpus.skipped.describe()}")
         plan = shard_batches(corpus.durations, self.config.data.max_batch_seconds, epoch, self.seed, rank, world_size,
                              weights)
-        return ShardBatches(corpus, plan, start, self.config.data.prefetch_batches)
+        return ShardBatches(corpus, plan, start, self.config.data.prefetch_batches, epoch)
 
     def loss(self, model: torch.nn.Module, batch: Batch) -> torch.Tensor:
         """Mean per-utterance CTC loss; SpecAugment is applied when the model is in training mode.
@@ -299,8 +331,8 @@ class AsrWorkload:
     @torch.no_grad()
     def evaluate(self, model: torch.nn.Module, source: str | Path) -> dict | None:
         """WER (percent), mean loss and utterance count of `model` on a corpus: one of the spec's
-        splits by name (`dev`, `test`, `test_unseen`; None when the spec has none) or a manifest."""
-        if source in ("dev", "test", "test_unseen"):
+        splits by name (one of `EVAL_SPLITS`; None when the spec has none) or a manifest."""
+        if source in EVAL_SPLITS:
             source = getattr(self.config.data, str(source))
             if source is None:
                 return None
@@ -329,8 +361,15 @@ class AsrWorkload:
     def skipped(self) -> SkipReport:
         return self.train.skipped
 
-    state_dict = staticmethod(model_state)
-    load_state_dict = staticmethod(load_model_state)
+    def state_dict(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> dict:
+        """The model's (and optimizer's) state and the tokenizer's, so a checkpoint decodes with its own units."""
+        return {**model_state(model, optimizer), "tokenizer": self.tokenizer.state()}
+
+    def load_state_dict(self, state: dict, model: torch.nn.Module,
+                        optimizer: torch.optim.Optimizer | None = None) -> None:
+        load_model_state(state, model, optimizer)
+        if "tokenizer" in state:  # checkpoints from before tokenizers were saved are character ones
+            self._tokenizer = tokenizer_from_state(state["tokenizer"])
 
 
 def _device_of(model: torch.nn.Module) -> torch.device:

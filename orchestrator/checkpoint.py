@@ -204,7 +204,8 @@ def load(path: str | Path) -> Loaded:
 
 def resolve(state: dict, store: StateStore) -> dict:
     """A checkpoint with the files it names read in: each learner's whole state (with its own
-    counters) and the averaged model's state_dict, as format 1 held them."""
+    counters) and the averaged model's state_dict, as format 1 held them, with what the workload
+    saved beside that state_dict (a tokenizer) as keys of the checkpoint's own."""
     def read(entry: dict) -> dict:
         if "file" not in entry:
             return entry
@@ -214,8 +215,12 @@ def resolve(state: dict, store: StateStore) -> dict:
             raise CheckpointError(f"{store.root}/{entry['file']}: {_load_failure(exc)}") from None
 
     learners = [{**read(e), "counters": e["counters"]} if "file" in e else e for e in state["learners"]]
-    return {**state, "learners": learners, "model": read(state["model"])["model"] if "file" in state["model"]
-            else state["model"]}
+    resolved = {**state, "learners": learners}
+    if "file" in state["model"]:
+        averaged = read(state["model"])
+        resolved["model"] = averaged["model"]
+        resolved.update({k: v for k, v in averaged.items() if k != "model"})  # the workload's parts (a tokenizer)
+    return resolved
 
 
 def resume_from(folder: str | Path, store: StateStore | None = None) -> Loaded:

@@ -40,8 +40,8 @@ class Evaluator:
         load_vector(self.model, mean)
         written = None
         if model_name is not None:
-            state = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
-            written = {"file": model_name, "bytes": StateStore(store_root).write(model_name, {"model": state})}
+            state = self.workload.state_dict(self.model)  # the workload's parts too (a tokenizer)
+            written = {"file": model_name, "bytes": StateStore(store_root).write(model_name, state)}
         return {"finite": True, "scores": self.score(splits), "model": written}
 
     def score(self, splits: list[str]) -> dict:

@@ -34,7 +34,7 @@ REGISTRY: dict[str, dict[str, str]] = {
             "synthesize": "jobs.synth:synthesize", "features": "jobs.feature_shards:write_shards"},
     "linear": {"workload": "jobs.linear:LinearWorkload", "config": "jobs.sections:LinearConfig"},
 }
-EVAL_SPLITS = ("dev", "test", "test_unseen")  # `evaluate`'s splits: dev while training, the others at the end
+EVAL_SPLITS = ("dev", "test", "test_unseen", "test_unseen_engine")  # dev while training, the others at the end
 
 
 class Batch(Protocol):

@@ -137,7 +137,7 @@ def _read_yaml(path: Path, what: str) -> Any:
 
 def _absolute_data(job: JobSpec) -> dict:
     raw = job.model_dump(mode="json")
-    for key in ("train", "dev", "test", "test_unseen"):
+    for key in ("train", "dev", "test", "test_unseen", "test_unseen_engine"):
         if raw["data"].get(key) is not None:
             raw["data"][key] = str(Path(raw["data"][key]).resolve())
     return raw

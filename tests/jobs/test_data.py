@@ -123,7 +123,7 @@ def test_damaged_corpus_is_skipped_and_counted_not_fatal(damaged):
 def test_file_lost_after_indexing_is_dropped_from_its_batch_counted_and_logged_once(corpus, tmp_path, caplog):
     root = tmp_path / "dev"
     shutil.copytree(corpus / "dev", root)
-    c = Corpus(root, Fbank(), CharTokenizer())
+    c = Corpus(root, Fbank(), CharTokenizer)
     gone = c.utterances[0].path
     gone.unlink()  # e.g. a network share losing the file mid-run
     caplog.clear()

@@ -3,8 +3,9 @@ import json
 import pytest
 import torch
 
+from orchestrator.checkpoint import load
 from orchestrator.job import TrainingJob
-from tests.conftest import make_spec, run_cli
+from tests.conftest import SMALL_MODEL, make_spec, run_cli
 
 SPLITS = ("train", "dev", "test/", "test_unseen")  # all four; test as its LibriSpeech-layout folder
 
@@ -12,7 +13,9 @@ SPLITS = ("train", "dev", "test/", "test_unseen")  # all four; test as its Libri
 @pytest.mark.slow
 def test_short_training_run_lowers_the_loss(corpus, tmp_path):
     records = []
-    summary = TrainingJob(make_spec(corpus, *SPLITS, budget__epochs=12), tmp_path, report=records.append).run()
+    engine = str(corpus / "test-unseen.jsonl")  # the session's corpus has no unseen-engine split: its unseen voices
+    summary = TrainingJob(make_spec(corpus, *SPLITS, budget__epochs=12, data__test_unseen_engine=engine), tmp_path,
+                          report=records.append).run()
     assert [r["epoch"] for r in records] == list(range(1, 13))
     # 12 short epochs just leave CTC's all-blank plateau: epoch-mean train loss 88 -> 58 and dev loss
     # 64 -> 55 when measured (make_spec's small BiLSTM)
@@ -21,7 +24,8 @@ def test_short_training_run_lowers_the_loss(corpus, tmp_path):
     assert summary["steps"] > 0 and summary["samples"] == 12 * 160
     for key in ("wer_test", "wer_test_unseen", "steps", "samples", "wall_s", "samples_per_s"):
         assert summary[key] is not None, key
-    assert summary["utterances_test"] == summary["utterances_test_unseen"] == 20
+    assert {summary[f"utterances_{split}"] for split in ("test", "test_unseen", "test_unseen_engine")} == {20}
+    assert summary["wer_test_unseen_engine"] == summary["wer_test_unseen"]  # the same data, the same model
     assert json.loads((tmp_path / "summary.json").read_text()) == summary
     assert len((tmp_path / "evals.jsonl").read_text().splitlines()) == 12
     state = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
@@ -37,9 +41,11 @@ def test_wall_budget_stops_the_job(corpus, tmp_path):
 
 
 @pytest.mark.slow
-def test_cli_train_prints_evals_and_summary_last_then_eval_reads_checkpoint(corpus, tmp_path):
+@pytest.mark.parametrize("tokenizer", ["char", "bpe"])
+def test_cli_train_prints_evals_and_summary_last_then_eval_reads_checkpoint(corpus, tmp_path, tokenizer):
     spec = tmp_path / "job.yaml"
-    spec.write_text(json.dumps(make_spec(corpus, *SPLITS, data__max_batch_seconds=20, budget__epochs=2)
+    spec.write_text(json.dumps(make_spec(corpus, *SPLITS, data__max_batch_seconds=20, budget__epochs=2,
+                                         model={**SMALL_MODEL, "tokenizer": {"kind": tokenizer, "vocab": 48}})
                                .model_dump(mode="json")))  # JSON is YAML
     out = tmp_path / "run"
     proc = run_cli("train", str(spec), "--set", "budget.epochs=1", "--out", str(out))
@@ -52,6 +58,8 @@ def test_cli_train_prints_evals_and_summary_last_then_eval_reads_checkpoint(corp
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["utterances"] == 20 and abs(result["wer"] - summary["wer_test"]) < 1e-6
+    # `chorus eval` read the units the run trained with (its own data would have made other BPE units)
+    assert load(out / "checkpoint.pt").state["tokenizer"]["kind"] == tokenizer
 
 
 @pytest.mark.unit

@@ -1,0 +1,80 @@
+"""Waveform augmentation of training utterances, on the fly and seeded: speed perturbation (one
+factor of a list, as Kaldi's and ESPnet's recipes do: tempo and pitch together), reverberation by
+a synthetic room impulse response, and additive white noise at a random SNR, in that order (a room
+first, then the microphone's noise). SpecAugment, on features, stays in `jobs/features.py`.
+
+What an utterance hears is a function of (seed, epoch, utterance index) alone: the same run hears
+the same thing again, whatever learner or thread prepares the batch, and each epoch hears each
+utterance anew. Only training batches are augmented (`ShardBatches` passes its epoch); evaluation
+reads clean audio.
+
+Example:
+    >>> augment = Augment(AugmentConfig(speed_factors=[0.9, 1.0, 1.1], noise_prob=0.5), seed=0)
+    >>> wave = torch.randn(16_000)
+    >>> torch.equal(augment(wave, epoch=3, index=42), augment(wave, epoch=3, index=42))
+    True
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+import torch
+import torchaudio.functional as AF
+
+from jobs.sections import AugmentConfig
+
+SAMPLE_RATE = 16_000
+
+
+def utterance_generator(seed: int, epoch: int, index: int) -> torch.Generator:
+    """A generator seeded from (seed, epoch, index) by a hash, so no two triples share a stream."""
+    digest = hashlib.blake2b(f"{seed}:{epoch}:{index}".encode(), digest_size=8).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest, "little") & (2**63 - 1))
+
+
+def synthetic_rir(rt60_s: float, generator: torch.Generator, sample_rate: int = SAMPLE_RATE) -> torch.Tensor:
+    """A room impulse response: a unit direct path, then white noise decaying by 60 dB over `rt60_s`
+    (Schroeder's statistical model of a diffuse reverberant tail), 2.5 ms after the direct path."""
+    n = max(2, int(rt60_s * sample_rate))
+    t = torch.arange(n, dtype=torch.float32) / sample_rate
+    tail = torch.randn(n, generator=generator) * torch.exp(-3 * math.log(10) * t / rt60_s)
+    rir = torch.zeros(n + int(0.0025 * sample_rate))
+    rir[0] = 1.0
+    rir[-n:] += 0.3 * tail / tail.abs().max().clamp_min(1e-8)
+    return rir
+
+
+class Augment:
+    """`AugmentConfig` applied to one waveform (16 kHz, 1-D float); `enabled` says whether any kind is on."""
+
+    def __init__(self, config: AugmentConfig, seed: int = 0):
+        self.config, self.seed = config, seed
+
+    @property
+    def enabled(self) -> bool:
+        return self.config.enabled
+
+    @torch.no_grad()
+    def __call__(self, waveform: torch.Tensor, epoch: int, index: int) -> torch.Tensor:
+        c, g = self.config, utterance_generator(self.seed, epoch, index)
+
+        def uniform(low: float, high: float) -> float:
+            return low + (high - low) * float(torch.rand((), generator=g))
+
+        # Every draw is made whether or not its kind applies, so switching one kind on or off
+        # leaves the others' draws for the same utterance unchanged.
+        factor = c.speed_factors[int(torch.randint(len(c.speed_factors), (), generator=g))] if c.speed_factors else 1.0
+        reverb, rt60 = uniform(0, 1) < c.reverb_prob, uniform(*c.reverb_rt60_s)
+        noise, snr_db = uniform(0, 1) < c.noise_prob, uniform(*c.noise_snr_db)
+        out = waveform.float()
+        if factor != 1.0:
+            out = AF.speed(out, SAMPLE_RATE, factor)[0]
+        if reverb:
+            level = out.pow(2).mean().sqrt()
+            out = AF.fftconvolve(out, synthetic_rir(rt60, g))[: out.shape[-1]]
+            out = out * (level / out.pow(2).mean().sqrt().clamp_min(1e-8))  # the same loudness as before
+        if noise:
+            out = AF.add_noise(out[None], torch.randn(out.shape[-1], generator=g)[None], torch.tensor([snr_db]))[0]
+        return out

@@ -1,0 +1,80 @@
+"""Waveform augmentation (jobs/augment.py): each kind does what it says, seeded per (seed, epoch,
+utterance), and only training batches see it."""
+
+import pytest
+import torch
+
+from jobs.augment import Augment
+from jobs.sections import AugmentConfig, WorkloadConfig
+from jobs.workload import AsrWorkload
+
+pytestmark = pytest.mark.unit
+
+KINDS = {"speed": {"speed_factors": [0.9, 1.0, 1.1]}, "noise": {"noise_prob": 1.0},
+         "reverb": {"reverb_prob": 1.0}}
+
+
+def _speech_like(seconds: float = 1.0, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    t = torch.arange(int(16_000 * seconds)) / 16_000
+    return torch.sin(2 * torch.pi * 220 * t) * (0.5 + 0.5 * torch.rand(len(t), generator=g))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_each_kind_is_reproducible_from_seed_epoch_and_utterance_and_varies_with_them(kind):
+    wave, augment = _speech_like(), Augment(AugmentConfig(**KINDS[kind]), seed=3)
+    first = augment(wave, epoch=2, index=5)
+    assert torch.equal(first, Augment(AugmentConfig(**KINDS[kind]), seed=3)(wave, epoch=2, index=5))
+    others = [augment(wave, epoch, index) for epoch, index in [(e, 5) for e in range(3, 9)] + [(2, 6), (2, 7)]]
+    others += [Augment(AugmentConfig(**KINDS[kind]), seed=4)(wave, 2, 5)]
+    assert any(not torch.equal(first, other) for other in others)
+    assert not torch.equal(first, wave) or kind == "speed"  # speed's 1.0 may leave it as it was
+
+
+def test_speed_perturbation_resamples_by_its_factor():
+    wave = _speech_like(2.0)
+    for factor in (0.9, 1.1):
+        out = Augment(AugmentConfig(speed_factors=[factor]))(wave, 0, 0)
+        assert abs(len(out) - len(wave) / factor) <= 2
+    factors = {len(Augment(AugmentConfig(speed_factors=[0.9, 1.0, 1.1]))(wave, epoch, 0)) for epoch in range(30)}
+    assert len(factors) == 3  # all three are drawn
+
+
+def test_noise_is_added_at_the_drawn_snr():
+    wave = _speech_like(2.0)
+    for snr in (5.0, 20.0):
+        out = Augment(AugmentConfig(noise_prob=1.0, noise_snr_db=(snr, snr)))(wave, 1, 1)
+        measured = 10 * torch.log10(wave.pow(2).mean() / (out - wave).pow(2).mean())
+        assert abs(float(measured) - snr) < 0.01
+    assert torch.equal(Augment(AugmentConfig(noise_prob=0.0, reverb_prob=0.0, speed_factors=[1.0]))(wave, 1, 1), wave)
+
+
+def test_reverb_keeps_length_and_loudness_and_adds_a_decaying_tail():
+    click = torch.zeros(16_000)
+    click[1000] = 1.0
+    for rt60 in (0.2, 0.6):
+        out = Augment(AugmentConfig(reverb_prob=1.0, reverb_rt60_s=(rt60, rt60)))(click, 0, 0)
+        assert out.shape == click.shape
+        assert torch.allclose(out.pow(2).mean(), click.pow(2).mean(), rtol=1e-4)
+        assert float(out[:1000].abs().max()) < 1e-6 * float(out.abs().max())  # nothing before the sound (FFT round-off)
+        tail = out[1100:]
+        early, late = tail[: int(0.05 * 16_000)].pow(2).mean(), tail[int(rt60 * 16_000) - 800:].pow(2).mean()
+        assert float(early) > 0 and float(late) < float(early) / 100  # -20 dB and more by the end of rt60
+
+
+def test_training_batches_are_augmented_and_evaluation_sees_none(corpus):
+    def workload(**augment) -> AsrWorkload:
+        return AsrWorkload(WorkloadConfig(data={"train": corpus / "train.jsonl", "dev": corpus / "dev.jsonl",
+                                                "max_batch_seconds": 10, "prefetch_batches": 0},
+                                          augment=augment), seed=0)
+
+    everything = {"speed_factors": [0.9, 1.1], "noise_prob": 1.0, "reverb_prob": 1.0}
+    clean, augmented, again = workload(), workload(**everything), workload(**everything)
+    model = clean.build_model()
+    assert augmented.evaluate(model, "dev") == clean.evaluate(model, "dev")  # evaluation reads clean audio
+    batch, plain, repeat = (next(iter(w.batches(0, 1, epoch=0))) for w in (augmented, clean, again))
+    assert batch.ids == plain.ids and batch.feats.shape != plain.feats.shape  # a speed factor != 1 for every one
+    assert torch.equal(batch.feats, repeat.feats)  # another learner (process) would read the same
+    i = augmented.train.utterances.index(next(u for u in augmented.train.utterances if u.id == batch.ids[0]))
+    assert not torch.equal(augmented.train.features(i, epoch=0), augmented.train.features(i, epoch=1))
+    assert torch.equal(augmented.train.features(i), clean.train.features(i))  # no epoch: clean
