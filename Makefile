@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 DEMO_DATA := data/tiny
 
-.PHONY: install demo test test-fast test-deps lint bench clean
+.PHONY: install demo test test-fast test-deps speech-deps lint bench clean
 
 # uv installs the ~6 GB in under half of pip's time (46 s against 106 s here, bytecode compiled by
 # both), from the sources pip is configured with and choosing the same wheels (tools/pip_sources.py)
@@ -19,19 +19,28 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-$(DEMO_DATA)/corpus.json: | $(STAMP)
+$(DEMO_DATA)/corpus.json: | $(STAMP) speech-deps
 	$(BIN)/chorus synth $(DEMO_DATA) --utterances 2000 --seed 0
 
 # Synthesizes the tiny corpus (once), trains tiny.yaml with 2 gossip learners on a local Ray cluster
 # started in-process (it prints the dashboard URL) and prints the summary JSON last.
 demo: $(STAMP) $(DEMO_DATA)/corpus.json
-	$(BIN)/chorus train jobs/configs/tiny.yaml --set learners=2 --set group.kind=gossip --out runs/demo
+	$(BIN)/chorus train jobs/configs/tiny.yaml --set learners=2 --set group.kind=gossip --out runs/demo \
+	  $$(test -f $(DEMO_DATA)/test-unseen-engine.jsonl || echo --set data.test_unseen_engine=null)
 
-# Debian's prometheus, for the test that runs the Grafana dashboard's queries (that test is skipped,
-# saying why, when it cannot be installed here).
-test-deps:
-	@command -v prometheus >/dev/null || { SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
-	  ($$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq prometheus) \
+# Debian's Festival and its English voices, the corpus's second speech engine (`chorus synth` makes an
+# espeak-ng-only corpus without them, saying so)
+FESTIVAL_PACKAGES := festival festvox-kallpc16k festvox-kdlpc16k festvox-us-slt-hts
+APT_INSTALL = SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); ($$SUDO apt-get update -qq && \
+	DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq
+speech-deps:
+	@test -d /usr/share/festival/voices/us/cmu_us_slt_arctic_hts || { $(APT_INSTALL) $(FESTIVAL_PACKAGES)) \
+	    >/dev/null 2>&1 || echo "make: could not install Debian's Festival; corpora will be espeak-ng only"; }
+
+# Debian's prometheus, for the test that runs the Grafana dashboard's queries, and Festival, for the
+# synthesizer's tests of it (each test is skipped, saying why, when its package cannot be installed)
+test-deps: speech-deps
+	@command -v prometheus >/dev/null || { $(APT_INSTALL) prometheus) \
 	    >/dev/null 2>&1 || echo "make: could not install Debian's prometheus; its test will be skipped"; }
 
 # every tier: unit, ray and slow (pyproject.toml says what each holds), in two pytest-xdist workers,

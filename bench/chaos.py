@@ -36,7 +36,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import ray  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from jobs.synth import synthesize  # noqa: E402
+from jobs.synth import data_overrides, synthesize  # noqa: E402
 from orchestrator.cli import format_eval  # noqa: E402
 from orchestrator.config import load_spec  # noqa: E402
 from orchestrator.job import TrainingJob  # noqa: E402
@@ -56,8 +56,7 @@ def run_one(corpus: Path, kind: str, epochs: int, disturb_at: list[float] | None
     ray.init(address=cluster.address, log_to_driver=False)
     name = f"{kind}-{'disturbed' if disturb_at else 'undisturbed'}"
     spec = load_spec(ROOT / "jobs" / "configs" / "tiny.yaml", [
-        f"data.train={corpus}/train.jsonl", f"data.dev={corpus}/dev.jsonl", f"data.test={corpus}/test.jsonl",
-        f"data.test_unseen={corpus}/test-unseen.jsonl", f"budget.epochs={epochs}", "budget.wall_seconds=null",
+        *data_overrides(corpus), f"budget.epochs={epochs}", "budget.wall_seconds=null",
         "learners={min: 2, max: 3, wait_timeout_s: 600}", "cpus_per_learner=1", "learner_resources={learner_slot: 1}",
         f"group.kind={kind}", f"name=chaos-{name}", f"data.max_batch_seconds={BATCH_SECONDS[kind]}"])
     job = TrainingJob(spec, WORK / name, report=lambda r: print(f"[{name}]", format_eval(r), flush=True),
@@ -95,7 +94,8 @@ def run_one(corpus: Path, kind: str, epochs: int, disturb_at: list[float] | None
         return {"group": kind, "disturbed": bool(disturb_at), "error": outcome["error"], "passed": False}
     summary = outcome["summary"]
     return {"group": kind, "disturbed": bool(disturb_at), "wer_test": summary["wer_test"],
-            "wer_test_unseen": summary["wer_test_unseen"], "wall_s": summary["wall_s"],
+            "wer_test_unseen": summary["wer_test_unseen"],
+            "wer_test_unseen_engine": summary.get("wer_test_unseen_engine"), "wall_s": summary["wall_s"],
             "epochs": summary["epochs"], "samples": summary["samples"], "learners_at_end": summary["learners"],
             "events": summary["events"], "recoveries": summary["recoveries"], "disturbances": done_events,
             "membership_events": [{k: e[k] for k in ("wall_s", "kind", "message")} for e in job.events.recorded],

@@ -154,6 +154,7 @@ def learner_memory(audio: Path, epochs: int, utterances: int, address: str | Non
     args = [sys.executable, "-m", "orchestrator.cli", "train", str(ROOT / "jobs" / "configs" / "tiny.yaml"),
             "--out", str(out), "--overwrite", "--set", f"data.train={train or audio / 'train.jsonl'}",
             "--set", f"data.dev={audio}/dev.jsonl", "--set", "data.test=null", "--set", "data.test_unseen=null",
+            "--set", "data.test_unseen_engine=null",
             "--set", f"data.cache_mb={cache_mb}", "--set", f"budget.epochs={epochs}",
             "--set", "budget.wall_seconds=null", "--set", "budget.eval_every_seconds=20", "--set", "learners=1"]
     args += [a for key, value in SMALL_MODEL.items() for a in ("--set", f"model.{key}={value}")]

@@ -106,6 +106,7 @@ def wait_until(what: str, condition, timeout: float = 180.0):
 def job_spec(corpus: Path, kind: str):
     return load_spec(ROOT / "jobs" / "configs" / "tiny.yaml", [
         f"data.train={corpus}/train.jsonl", "data.dev=null", "data.test=null", "data.test_unseen=null",
+        "data.test_unseen_engine=null",
         "budget.epochs=null", "budget.wall_seconds=900", "learners={min: 2, max: 3}", "cpus_per_learner=1",
         "learner_resources={learner_slot: 1}", f"group.kind={kind}", f"name=elastic-{kind}"])
 

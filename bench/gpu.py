@@ -71,7 +71,7 @@ def step_seconds(corpus: Path, device: str, repeats: int, steps: int) -> dict:
         for precision in ("fp32", "bf16"):
             spec = load_spec(ROOT / "jobs" / "configs" / "tiny.yaml", [
                 *overrides, f"model.precision={precision}", f"data.train={corpus}/train.jsonl", "data.dev=null",
-                "data.test=null", "data.test_unseen=null", "data.max_batch_seconds=20"])
+                "data.test=null", "data.test_unseen=null", "data.test_unseen_engine=null", "data.max_batch_seconds=20"])
             workload = AsrWorkload(spec.workload_config, seed=0)
             model = workload.build_model().to(device)
             batches = [b for _, b in zip(range(steps), workload.batches(0, 1, 0), strict=False)]

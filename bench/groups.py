@@ -25,7 +25,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import ray  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from jobs.synth import synthesize  # noqa: E402
+from jobs.synth import data_overrides, synthesize  # noqa: E402
 from orchestrator.cli import format_eval  # noqa: E402
 from orchestrator.config import load_spec  # noqa: E402
 from orchestrator.job import TrainingJob  # noqa: E402
@@ -47,15 +47,15 @@ def run_one(kind: str, learners: int, corpus: Path, wall_seconds: float) -> dict
     ray.init(address=cluster.address, log_to_driver=False)
     try:
         spec = load_spec(ROOT / "jobs" / "configs" / "tiny.yaml", [
-            f"data.train={corpus}/train.jsonl", f"data.dev={corpus}/dev.jsonl", f"data.test={corpus}/test.jsonl",
-            f"data.test_unseen={corpus}/test-unseen.jsonl", f"budget.wall_seconds={wall_seconds}",
+            *data_overrides(corpus), f"budget.wall_seconds={wall_seconds}",
             "budget.epochs=null", f"learners={learners}", f"group.kind={kind}", f"name={kind}-{learners}"])
         job = TrainingJob(spec, WORK / f"{kind}-{learners}",
                           report=lambda r: print(f"[{kind}-{learners}]", format_eval(r), flush=True),
                           overwrite=True)
         summary = job.run()
         return {"group": kind, "learners": learners, "wer_test": summary["wer_test"],
-                "wer_test_unseen": summary["wer_test_unseen"], "wall_s": summary["wall_s"],
+                "wer_test_unseen": summary["wer_test_unseen"],
+                "wer_test_unseen_engine": summary.get("wer_test_unseen_engine"), "wall_s": summary["wall_s"],
                 "samples_per_s": summary["samples_per_s"], "epochs": summary["epochs"],
                 "consensus_distance": summary["consensus_distance"],
                 "passed": summary["wer_test"] <= WER_TARGET and summary["wall_s"] <= WALL_LIMIT,

@@ -75,6 +75,7 @@ def job_spec(corpus: Path, kind: str, balance: bool, wall_seconds: float, name: 
     """tiny.yaml for 4 learners, learner 3 slowed, trained for `wall_seconds`, no dev evaluation."""
     return load_spec(ROOT / "jobs" / "configs" / "tiny.yaml", [
         f"data.train={corpus}/train.jsonl", "data.dev=null", "data.test=null", "data.test_unseen=null",
+        "data.test_unseen_engine=null",
         f"data.max_batch_seconds={BATCH_SECONDS}", f"budget.wall_seconds={wall_seconds}", "budget.epochs=null",
         f"learners={LEARNERS}", "cpus_per_learner=1", f"group.kind={kind}", f"group.balance={str(balance).lower()}",
         f"simulate.slowdown={{{SLOW}: {FACTOR}}}", f"name={name}"])

@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from jobs.synth import synthesize
+from jobs.synth import data_overrides, synthesize
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -52,8 +52,7 @@ def main() -> None:
     corpus = WORK / "corpus-2000-0"
     if not (corpus / "corpus.json").is_file():
         synthesize(corpus, utterances=2000, eval_utterances=200, seed=0, progress=False)
-    data = [f"job.data.{k}={corpus}/{f}.jsonl" for k, f in
-            (("train", "train"), ("dev", "dev"), ("test", "test"), ("test_unseen", "test-unseen"))]
+    data = data_overrides(corpus, prefix="job.data.")
     out = WORK / "sweep"
     shutil.rmtree(out, ignore_errors=True)
     sweep_args = [a for d in data for a in ("--set", d)]

@@ -25,7 +25,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from jobs.data import load_audio, read_corpus  # noqa: E402
 from jobs.features import Fbank  # noqa: E402
-from jobs.synth import synthesize  # noqa: E402
+from jobs.synth import data_overrides, synthesize  # noqa: E402
 from orchestrator.cli import format_eval  # noqa: E402
 from orchestrator.config import load_spec  # noqa: E402
 from orchestrator.job import TrainingJob  # noqa: E402
@@ -90,8 +90,7 @@ def main() -> int:
     synth_s = time.perf_counter() - t0
 
     spec = load_spec(ROOT / "jobs" / "configs" / "tiny.yaml", [
-        f"data.train={corpus}/train.jsonl", f"data.dev={corpus}/dev.jsonl", f"data.test={corpus}/test.jsonl",
-        f"data.test_unseen={corpus}/test-unseen.jsonl", f"budget.wall_seconds={args.wall_seconds}",
+        *data_overrides(corpus), f"budget.wall_seconds={args.wall_seconds}",
         "budget.epochs=null", f"seed={args.seed}",
     ])
     job = TrainingJob(spec, WORK / "run", report=lambda r: print(format_eval(r), flush=True), overwrite=True)
@@ -104,6 +103,7 @@ def main() -> int:
         "corpus": {"train_utterances": args.utterances, "eval_utterances": 200, "synth_seconds": round(synth_s, 1)},
         "wer_test": summary["wer_test"],
         "wer_test_unseen": summary["wer_test_unseen"],
+        "wer_test_unseen_engine": summary.get("wer_test_unseen_engine"),
         "wer_dev": summary["wer_dev"],
         "wer_target": WER_TARGET,
         "wer_test_vs_target": round(summary["wer_test"] / WER_TARGET, 3),

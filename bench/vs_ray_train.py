@@ -65,6 +65,7 @@ MODELS = {  # name -> overrides of tiny.yaml's model section
 def job_spec(corpus: Path, epochs: int, model: str):
     return load_spec(ROOT / "jobs" / "configs" / "tiny.yaml", [*MODELS[model],
         f"data.train={corpus}/train.jsonl", "data.dev=null", "data.test=null", "data.test_unseen=null",
+        "data.test_unseen_engine=null",
         f"budget.epochs={epochs}", "budget.wall_seconds=null", f"learners={WORKERS}", "group.kind=allreduce",
         "cpus_per_learner=1", "name=vs-ray-train"])
 

@@ -1,15 +1,20 @@
-"""Offline multi-voice speech corpus for tests, demos and benchmarks.
+"""Offline multi-voice, multi-engine speech corpus for tests, demos and benchmarks.
 
-Speaks random 2-6-word sentences over a fixed 38-word command vocabulary with espeak-ng, loaded through
-ctypes from the `espeakng-loader` wheel (no system package). Each utterance gets its own voice
-variant, rate, pitch, leading/trailing silence and background noise at a random SNR, and is
-resampled to 16 kHz mono FLAC. The corpus is described twice over the same FLAC files: as a
-LibriSpeech-layout tree (`<split>/<speaker>/<chapter>/<speaker>-<chapter>-<utt>.flac` with
-`<speaker>-<chapter>.trans.txt`, upper-case) and as NeMo-style JSONL manifests
-(`<split>.jsonl`: `audio_filepath` relative to the manifest, `duration`, `text`).
+Speaks random 2-6-word sentences over a fixed 38-word command vocabulary with two engines:
+espeak-ng (formant synthesis), loaded through ctypes from the `espeakng-loader` wheel, and, where
+Debian's `festival` and its English voices are installed (`make test-deps`), Festival: two diphone
+voices in training and its HTS voice (statistical parametric synthesis) kept for its own split.
+Each utterance gets its own voice, speaking rate, pitch, volume, leading/trailing silence and
+background noise at a random SNR, and is resampled from the engine's rate to 16 kHz mono FLAC.
+The corpus is described twice over the same FLAC files: as a LibriSpeech-layout tree
+(`<split>/<speaker>/<chapter>/<speaker>-<chapter>-<utt>.flac` with `<speaker>-<chapter>.trans.txt`,
+upper-case) and as NeMo-style JSONL manifests (`<split>.jsonl`: `audio_filepath` relative to the
+manifest, `duration`, `text`).
 
 Splits: `train`, `dev` and `test` use the training voices (dev and test with sentences not in
-train); `test-unseen` uses voices never heard in training. Everything is a function of the seed.
+train); `test-unseen` uses espeak-ng voices never heard in training; `test-unseen-engine` (with
+Festival only) a synthesizer never heard in training. Everything is a function of the seed and of
+the engines used (`corpus.json` names them).
 """
 
 from __future__ import annotations
@@ -17,6 +22,10 @@ from __future__ import annotations
 import ctypes
 import json
 import multiprocessing as mp
+import shutil
+import subprocess
+import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,8 +48,14 @@ TRAIN_VOICES = [
     "en-gb-x-rp+m7", "en-gb-x-rp+klatt2", "en-us+klatt3", "en+david",
 ]
 UNSEEN_VOICES = ["en-us+Andy", "en+iven", "en-gb-x-rp+Annie", "en-029+michel"]
+# Festival's voices ("festival:<name>"): diphone concatenation in training; its HMM-based (HTS) voice,
+# a kind of synthesizer never heard in training, is the unseen-engine split's only voice
+FESTIVAL_TRAIN_VOICES = ["festival:kal_diphone", "festival:ked_diphone"]
+UNSEEN_ENGINE_VOICES = ["festival:cmu_us_slt_arctic_hts"]
+FESTIVAL_SHARE = 0.3  # of the training splits' utterances, spoken by Festival when it is there
+FESTIVAL_PACKAGES = "festival festvox-kallpc16k festvox-kdlpc16k festvox-us-slt-hts"
 
-SPLITS = ("train", "dev", "test", "test-unseen")
+SPLITS = ("train", "dev", "test", "test-unseen", "test-unseen-engine")
 SAMPLE_RATE = 16_000
 
 # espeak-ng's C API (speak_lib.h)
@@ -52,7 +67,11 @@ _EE_OK, _EE_NOT_FOUND = 0, 2
 _SYNTH_CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int, ctypes.c_void_p)
 
 
-class EspeakError(RuntimeError):
+class SynthError(RuntimeError):
+    pass
+
+
+class EspeakError(SynthError):
     pass
 
 
@@ -118,6 +137,51 @@ class Espeak:
         return np.concatenate(self._chunks) if self._chunks else np.zeros(0, np.int16)
 
 
+class Festival:
+    """Festival's `festival --pipe`: a list of utterances synthesized by one process, each written to
+    a RIFF file in a temporary folder and read back (int16 at the voice's own rate: 16 kHz for the
+    diphone voices, 32 kHz for HTS). Its speaking rate is `Parameter Duration_Stretch`; pitch is
+    shifted afterwards (`render`), the same way for every voice."""
+
+    @staticmethod
+    def voices() -> set[str]:
+        """The installed Festival voices ("festival:<name>"); none when Festival is not installed."""
+        if shutil.which("festival") is None:
+            return set()
+        proc = subprocess.run(["festival", "--pipe"], input="(print (voice.list))\n", capture_output=True,
+                              text=True, timeout=60)
+        names = proc.stdout.strip().strip("()").split()
+        return {f"festival:{name}" for name in names} if proc.returncode == 0 else set()
+
+    @staticmethod
+    def speak_all(items: list[tuple[str, str, str, float]]) -> dict[str, tuple[np.ndarray, int]]:
+        """(key, text, voice, duration stretch) -> {key: (int16 waveform, its sample rate)}."""
+        if not items:
+            return {}
+        with tempfile.TemporaryDirectory(prefix="chorus-festival-") as tmp:
+            script = []
+            for n, (_key, text, voice, stretch) in enumerate(items):
+                quoted = text.replace("\\", " ").replace('"', " ")
+                script += [f"(voice_{voice.removeprefix('festival:')})",
+                           f"(Parameter.set 'Duration_Stretch {stretch:.4f})",
+                           f'(utt.save.wave (utt.synth (Utterance Text "{quoted}")) "{tmp}/{n}.wav" \'riff)']
+            proc = subprocess.run(["festival", "--pipe"], input="\n".join(script) + "\n", capture_output=True,
+                                  text=True, timeout=60 + 5 * len(items))
+            out = {}
+            for n, (key, text, voice, _stretch) in enumerate(items):
+                path = Path(tmp) / f"{n}.wav"
+                if not path.is_file() or path.stat().st_size <= 44:
+                    raise SynthError(f"festival produced no audio for {key} ({text!r}, {voice}): "
+                                     f"{proc.stderr.strip()[-300:] or f'exit {proc.returncode}'}")
+                wav, rate = sf.read(str(path), dtype="int16")
+                out[key] = (wav if wav.ndim == 1 else wav[:, 0], rate)
+            return out
+
+
+def is_festival(voice: str) -> bool:
+    return voice.startswith("festival:")
+
+
 @dataclass(frozen=True)
 class UtterancePlan:
     split: str
@@ -137,9 +201,10 @@ class UtterancePlan:
         return f"{self.split}/{self.speaker}/{self.chapter}/{self.utt_id}.flac"
 
 
-def plan_corpus(utterances: int, eval_utterances: int, seed: int) -> list[UtterancePlan]:
-    """Every utterance's split, voice and sentence, from the seed alone. Dev/test/test-unseen
-    sentences never occur in train."""
+def plan_corpus(utterances: int, eval_utterances: int, seed: int, festival: bool = False) -> list[UtterancePlan]:
+    """Every utterance's split, voice and sentence, from the seed (and whether Festival speaks)
+    alone. Sentences of the evaluation splits never occur in train. Without Festival there is no
+    `test-unseen-engine` split, and the plan is the one espeak-ng alone always had."""
     rng = np.random.default_rng(seed)
     seen: set[str] = set()
 
@@ -153,14 +218,24 @@ def plan_corpus(utterances: int, eval_utterances: int, seed: int) -> list[Uttera
             out.append(s)
         return out
 
-    counts = {"train": utterances, "dev": eval_utterances, "test": eval_utterances, "test-unseen": eval_utterances}
+    splits = SPLITS if festival else SPLITS[:-1]
+    counts = {split: utterances if split == "train" else eval_utterances for split in splits}
+    train_voices = TRAIN_VOICES + (FESTIVAL_TRAIN_VOICES if festival else [])
+    voices_of = {"test-unseen": UNSEEN_VOICES, "test-unseen-engine": UNSEEN_ENGINE_VOICES}
+    first_speakers = {"test-unseen": 1000 + len(train_voices),
+                      "test-unseen-engine": 1000 + len(train_voices) + len(UNSEEN_VOICES)}
     plans = []
-    for split_no, split in enumerate(SPLITS):
-        voices = UNSEEN_VOICES if split == "test-unseen" else TRAIN_VOICES
-        first_speaker = 1000 + (len(TRAIN_VOICES) if split == "test-unseen" else 0)
+    for split_no, split in enumerate(splits):
+        voices = voices_of.get(split, train_voices)
+        first_speaker = first_speakers.get(split, 1000)
         per_speaker: dict[int, int] = {}
         for text in sentences(counts[split], fresh=split != "train"):
-            v = int(rng.integers(len(voices)))
+            if festival and voices is train_voices:  # FESTIVAL_SHARE of these utterances are Festival's
+                pick = rng.random() < FESTIVAL_SHARE
+                v = (len(TRAIN_VOICES) + int(rng.integers(len(FESTIVAL_TRAIN_VOICES))) if pick
+                     else int(rng.integers(len(TRAIN_VOICES))))
+            else:
+                v = int(rng.integers(len(voices)))
             speaker = first_speaker + v
             per_speaker[speaker] = per_speaker.get(speaker, 0) + 1
             plans.append(UtterancePlan(split, speaker, 10 * (split_no + 1), per_speaker[speaker] - 1,
@@ -168,15 +243,35 @@ def plan_corpus(utterances: int, eval_utterances: int, seed: int) -> list[Uttera
     return plans
 
 
-def render(engine: Espeak, plan: UtterancePlan) -> np.ndarray:
-    """One utterance as float32 at 16 kHz: varied rate and pitch, padded with silence, noise added."""
+def _prosody(plan: UtterancePlan) -> tuple[np.random.Generator, int, int]:
+    """The utterance's generator, after drawing its speaking rate (words a minute, 130-210) and
+    pitch (espeak-ng's 0-100 scale, 25-75; 50 is the voice's own)."""
     rng = np.random.default_rng(plan.seed)
-    pcm = engine.speak(plan.text, plan.voice, rate_wpm=int(rng.integers(130, 211)), pitch=int(rng.integers(25, 76)),
-                       noise_seed=plan.seed)
+    return rng, int(rng.integers(130, 211)), int(rng.integers(25, 76))
+
+
+def festival_stretch(rate_wpm: int) -> float:
+    """Festival's Duration_Stretch for a speaking rate: 1 at 170 words a minute, the range's middle."""
+    return 170 / rate_wpm
+
+
+def render(engine: Espeak | None, plan: UtterancePlan, festival: tuple[np.ndarray, int] | None = None) -> np.ndarray:
+    """One utterance as float32 at 16 kHz: varied rate and pitch, padded with silence, scaled, noise
+    added. An espeak-ng voice is spoken by `engine`; a Festival voice's audio comes in as `festival`
+    (`Festival.speak_all`, at the rate `_prosody` drew), and its pitch is shifted here by up to
+    two semitones either way."""
+    rng, rate_wpm, pitch = _prosody(plan)
+    if festival is None:
+        pcm, rate = engine.speak(plan.text, plan.voice, rate_wpm=rate_wpm, pitch=pitch, noise_seed=plan.seed), \
+            engine.sample_rate
+    else:
+        pcm, rate = festival
     if pcm.size == 0:
-        raise EspeakError(f"espeak-ng produced no audio for {plan.utt_id} ({plan.text!r})")
-    wav = torch.from_numpy(pcm.astype(np.float32) / 32768.0)
-    wav = torchaudio.functional.resample(wav, engine.sample_rate, SAMPLE_RATE).numpy()
+        raise SynthError(f"{plan.voice} produced no audio for {plan.utt_id} ({plan.text!r})")
+    wav = torchaudio.functional.resample(torch.from_numpy(pcm.astype(np.float32) / 32768.0), rate, SAMPLE_RATE)
+    if festival is not None and pitch != 50:  # quarter-tone steps: 25 -> -2 semitones, 75 -> +2
+        wav = torchaudio.functional.pitch_shift(wav, SAMPLE_RATE, round((pitch - 50) / 6.25), bins_per_octave=24)
+    wav = wav.numpy()
     pad = lambda: np.zeros(int(rng.uniform(0.05, 0.3) * SAMPLE_RATE), np.float32)  # noqa: E731
     wav = np.concatenate([pad(), wav, pad()])
     wav *= rng.uniform(0.3, 0.9) / max(1e-6, float(np.abs(wav).max()))
@@ -197,10 +292,12 @@ def _write_chunk(job: tuple[list[UtterancePlan], str]) -> list[tuple[str, float]
     only on the seed, not on the number of workers or on scheduling."""
     plans, out = job
     torch.set_num_threads(1)
-    engine = Espeak()
+    festival = Festival.speak_all([(p.utt_id, p.text, p.voice, festival_stretch(_prosody(p)[1]))
+                                   for p in plans if is_festival(p.voice)])
+    engine = Espeak() if any(not is_festival(p.voice) for p in plans) else None
     written = []
     for plan in plans:
-        wav = render(engine, plan)
+        wav = render(engine, plan, festival.get(plan.utt_id))
         path = Path(out) / plan.relpath
         path.parent.mkdir(parents=True, exist_ok=True)
         sf.write(path, wav, SAMPLE_RATE, format="FLAC", subtype="PCM_16")
@@ -209,11 +306,27 @@ def _write_chunk(job: tuple[list[UtterancePlan], str]) -> list[tuple[str, float]
 
 
 def check_voices(voices: list[str]) -> None:
-    """Fail early, naming every voice espeak-ng does not have."""
-    engine = Espeak()
-    missing = [v for v in voices if not engine.has_voice(v)]
+    """Fail early, naming every voice its engine does not have."""
+    engine, festival = Espeak(), Festival.voices() if any(map(is_festival, voices)) else set()
+    missing = [v for v in voices if not (v in festival if is_festival(v) else engine.has_voice(v))]
     if missing:
-        raise EspeakError(f"espeak-ng voices not found: {', '.join(missing)}")
+        raise SynthError(f"voices not found: {', '.join(missing)}")
+
+
+def use_festival(engines: str) -> bool:
+    """Whether Festival speaks: `engines` is "espeak", "espeak,festival" (an error without it) or
+    "auto" (Festival when all its voices are installed; otherwise a message says what is missing)."""
+    if engines not in ("auto", "espeak", "espeak,festival"):
+        raise SynthError(f"engines: expected auto, espeak or espeak,festival, got {engines!r}")
+    if engines == "espeak":
+        return False
+    missing = sorted(set(FESTIVAL_TRAIN_VOICES + UNSEEN_ENGINE_VOICES) - Festival.voices())
+    if missing and engines == "auto":
+        print(f"chorus synth: Festival voices not installed ({', '.join(missing)}): espeak-ng only, no "
+              f"test-unseen-engine split (Debian: apt-get install {FESTIVAL_PACKAGES})", file=sys.stderr)
+    elif missing:
+        raise SynthError(f"Festival voices not installed: {', '.join(missing)} (apt-get install {FESTIVAL_PACKAGES})")
+    return not missing
 
 
 def _pool_context():
@@ -226,8 +339,9 @@ def _pool_context():
 
 
 def synthesize(out: str | Path, utterances: int = 2000, eval_utterances: int | None = None,
-               seed: int = 0, workers: int | None = None, progress: bool = True) -> dict:
-    """Write the corpus under `out`; returns a summary (counts and hours per split, voices).
+               seed: int = 0, workers: int | None = None, progress: bool = True, engines: str = "auto") -> dict:
+    """Write the corpus under `out`; returns a summary (counts and hours per split, engines,
+    voices). `engines`: see `use_festival`.
 
     Example:
         >>> summary = synthesize("/tmp/corpus", utterances=40, eval_utterances=8, seed=1, progress=False)
@@ -236,8 +350,9 @@ def synthesize(out: str | Path, utterances: int = 2000, eval_utterances: int | N
     """
     out = Path(out)
     eval_utterances = eval_utterances if eval_utterances is not None else max(20, utterances // 10)
-    check_voices(TRAIN_VOICES + UNSEEN_VOICES)
-    plans = plan_corpus(utterances, eval_utterances, seed)
+    festival = use_festival(engines)
+    plans = plan_corpus(utterances, eval_utterances, seed, festival)
+    check_voices(sorted({p.voice for p in plans}))
     out.mkdir(parents=True, exist_ok=True)
     workers = workers or min(mp.cpu_count(), 8)
     durations: dict[str, float] = {}
@@ -251,9 +366,12 @@ def synthesize(out: str | Path, utterances: int = 2000, eval_utterances: int | N
 
 
 def _write_indexes(out: Path, plans: list[UtterancePlan], durations: dict[str, float], seed: int) -> dict:
+    splits = [split for split in SPLITS if any(p.split == split for p in plans)]
+    voices = {split: sorted({p.voice for p in plans if p.split == split}) for split in splits}
     summary = {"seed": seed, "sample_rate": SAMPLE_RATE, "splits": {},
-               "voices": {"train": TRAIN_VOICES, "test-unseen": UNSEEN_VOICES}}
-    for split in SPLITS:
+               "engines": ["espeak-ng"] + (["festival"] if any(is_festival(p.voice) for p in plans) else []),
+               "voices": {"train": voices["train"], **{s: voices[s] for s in splits if s.startswith("test-unseen")}}}
+    for split in splits:
         rows = [p for p in plans if p.split == split]
         transcripts: dict[Path, list[str]] = {}
         with open(out / f"{split}.jsonl", "w") as manifest:
@@ -268,3 +386,17 @@ def _write_indexes(out: Path, plans: list[UtterancePlan], durations: dict[str, f
                                     "hours": round(sum(durations[p.utt_id] for p in rows) / 3600, 4)}
     (out / "corpus.json").write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n")
     return summary
+
+
+def data_overrides(corpus: str | Path, prefix: str = "data.") -> list[str]:
+    """`--set` overrides that point a job spec's data at a corpus `synthesize` wrote: each split's
+    manifest, and null for a split it lacks (`test_unseen_engine` without Festival).
+
+    Example:
+        >>> data_overrides("/tmp/corpus")[0]
+        'data.train=/tmp/corpus/train.jsonl'
+    """
+    corpus = Path(corpus)
+    return [f"{prefix}{split.replace('-', '_')}={corpus / f'{split}.jsonl'}"
+            if split == "train" or (corpus / f"{split}.jsonl").is_file() else f"{prefix}{split.replace('-', '_')}=null"
+            for split in SPLITS]

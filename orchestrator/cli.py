@@ -78,12 +78,18 @@ def main():
               help="Utterances in each of dev, test and test-unseen [default: max(20, utterances/10)].")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--workers", type=int, default=None, help="Processes [default: CPU count].")
-def synth(out, utterances, eval_utterances, seed, workers):
-    """Synthesize an offline multi-voice speech corpus into OUT."""
+@click.option("--engines", type=click.Choice(["auto", "espeak", "espeak,festival"]), default="auto", show_default=True,
+              help="Speech engines: auto adds Festival (and test-unseen-engine) when its voices are installed.")
+def synth(out, utterances, eval_utterances, seed, workers, engines):
+    """Synthesize an offline multi-voice, multi-engine speech corpus into OUT."""
     from orchestrator.workload import workload_part
 
     synthesize = workload_part("asr", "synthesize")
-    summary = synthesize(out, utterances=utterances, eval_utterances=eval_utterances, seed=seed, workers=workers)
+    try:
+        summary = synthesize(out, utterances=utterances, eval_utterances=eval_utterances, seed=seed, workers=workers,
+                             engines=engines)
+    except RuntimeError as exc:  # jobs.synth.SynthError: a voice or an engine is missing
+        raise click.ClickException(str(exc)) from None
     click.echo(strict_json.dumps(summary))
 
 

@@ -6,7 +6,22 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from jobs.synth import SPLITS, TRAIN_VOICES, UNSEEN_VOICES, VOCABULARY, Espeak, EspeakError, plan_corpus, synthesize
+from jobs.synth import (
+    FESTIVAL_TRAIN_VOICES,
+    SPLITS,
+    TRAIN_VOICES,
+    UNSEEN_ENGINE_VOICES,
+    UNSEEN_VOICES,
+    VOCABULARY,
+    Espeak,
+    EspeakError,
+    Festival,
+    SynthError,
+    is_festival,
+    plan_corpus,
+    synthesize,
+    use_festival,
+)
 from jobs.tokenizer import CharTokenizer
 
 pytestmark = pytest.mark.unit
@@ -59,7 +74,8 @@ def test_plan_keeps_eval_sentences_out_of_train():
 def test_corpus_layout_and_audio(corpus):
     summary = json.loads((corpus / "corpus.json").read_text())
     assert summary["splits"]["train"]["utterances"] == 160
-    for split in SPLITS:
+    assert list(summary["splits"]) == list(SPLITS[:-1]) and summary["engines"] == ["espeak-ng"]
+    for split in summary["splits"]:
         rows = [json.loads(line) for line in (corpus / f"{split}.jsonl").read_text().splitlines()]
         assert len(rows) == summary["splits"][split]["utterances"]
         for row in rows[:5]:
@@ -91,3 +107,51 @@ def test_same_seed_same_corpus_other_seed_other_corpus(tmp_path):
     assert a == b
     assert _digest(tmp_path / "a") == _digest(tmp_path / "b")
     assert _digest(tmp_path / "a") != _digest(tmp_path / "c")
+
+
+FESTIVAL = set(FESTIVAL_TRAIN_VOICES + UNSEEN_ENGINE_VOICES)
+needs_festival = pytest.mark.skipif(not FESTIVAL <= Festival.voices(),
+                                    reason="Festival's voices are not installed (make test-deps installs them)")
+
+
+def test_without_festival_the_plan_is_espeak_alone_and_has_no_engine_split():
+    plans = plan_corpus(300, 40, seed=3, festival=False)
+    assert not any(is_festival(p.voice) for p in plans)
+    assert {p.split for p in plans} == set(SPLITS[:-1])
+    with pytest.raises(SynthError, match="engines"):
+        use_festival("espeak,flite")
+
+
+def test_with_festival_one_engine_never_speaks_in_training():
+    plans = plan_corpus(1000, 50, seed=3, festival=True)
+    by_split = {split: {p.voice for p in plans if p.split == split} for split in SPLITS}
+    assert by_split["test-unseen-engine"] == set(UNSEEN_ENGINE_VOICES)
+    for split in ("train", "dev", "test"):
+        assert set(FESTIVAL_TRAIN_VOICES) <= by_split[split] <= set(TRAIN_VOICES + FESTIVAL_TRAIN_VOICES)
+    share = sum(is_festival(p.voice) for p in plans if p.split == "train") / 1000
+    assert 0.25 < share < 0.35  # FESTIVAL_SHARE
+    # the unseen-engine split's sentences are new too, and its speaker ids are its own
+    train = {p.text for p in plans if p.split == "train"}
+    engine_rows = [p for p in plans if p.split == "test-unseen-engine"]
+    assert len(engine_rows) == 50 and not {p.text for p in engine_rows} & train
+    assert not {p.speaker for p in engine_rows} & {p.speaker for p in plans if p.split != "test-unseen-engine"}
+
+
+@needs_festival
+def test_festival_corpus_is_reproducible_and_its_engine_split_is_sound(tmp_path):
+    a = synthesize(tmp_path / "a", utterances=16, eval_utterances=4, seed=2, workers=2, progress=False,
+                   engines="espeak,festival")
+    b = synthesize(tmp_path / "b", utterances=16, eval_utterances=4, seed=2, workers=1, progress=False,
+                   engines="espeak,festival")
+    assert a == b and _digest(tmp_path / "a") == _digest(tmp_path / "b")
+    assert a["engines"] == ["espeak-ng", "festival"] and list(a["splits"]) == list(SPLITS)
+    assert a["voices"]["test-unseen-engine"] == UNSEEN_ENGINE_VOICES
+    rows = [json.loads(line) for split in ("train", "test-unseen-engine")
+            for line in (tmp_path / "a" / f"{split}.jsonl").read_text().splitlines()]
+    festival_rows = rows[-4:] + [r for r in rows[:16] if int(r["audio_filepath"].split("/")[1]) >= 1016]
+    assert len(festival_rows) > 4  # some training utterances are Festival's diphone voices
+    for row in festival_rows:
+        info = sf.info(str(tmp_path / "a" / row["audio_filepath"]))
+        assert (info.samplerate, info.channels) == (16000, 1) and abs(info.frames / 16000 - row["duration"]) < 1e-3
+        wav, _ = sf.read(str(tmp_path / "a" / row["audio_filepath"]))
+        assert 0.5 < len(wav) / 16000 < 10 and np.abs(wav).max() > 0.1

@@ -25,8 +25,9 @@ SMALL_MODEL = ["model.subsample_channels=8", "model.d_model=32", "model.hidden=3
 
 
 def _data(corpus) -> list[str]:
-    return [f"data.{split.replace('-', '_')}={corpus / f'{split}.jsonl'}"
-            for split in ("train", "dev", "test", "test-unseen")]
+    from jobs.synth import data_overrides
+
+    return data_overrides(corpus)
 
 
 def _sets(pairs: list[str]) -> list[str]:
