@@ -65,7 +65,8 @@ def job_spec(corpus: Path, kind: str, name: str):
     """tiny.yaml for 4 learners, learner 3 slowed, its 40 epochs, dev every EVAL_SECONDS."""
     return load_spec(ROOT / "jobs" / "configs" / "tiny.yaml", [
         f"data.train={corpus}/train.jsonl", f"data.dev={corpus}/dev.jsonl", "data.test=null",
-        "data.test_unseen=null", f"data.max_batch_seconds={BATCH_SECONDS}", "budget.wall_seconds=null",
+        "data.test_unseen=null",
+        "data.test_unseen_engine=null", f"data.max_batch_seconds={BATCH_SECONDS}", "budget.wall_seconds=null",
         "budget.epochs=40", "budget.eval_every_epochs=1000", f"budget.eval_every_seconds={EVAL_SECONDS}",
         f"learners={LEARNERS}", "cpus_per_learner=1", f"group.kind={kind}", "group.balance=true",
         f"simulate.slowdown={{{SLOW}: {FACTOR}}}", f"name={name}"])
@@ -205,50 +206,115 @@ def run_fresh(name: str, corpus: Path, limit: float, details: dict) -> float:
 
 
 def plot(result: dict, path: Path) -> None:
-    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    colors = {"gossip": "tab:green", "allreduce_balanced": "tab:blue", "ray_train": "tab:gray"}
+    labels = {"gossip": "Chorus gossip", "allreduce_balanced": "Chorus allreduce\nbalanced",
+              "ray_train": "Ray Train DDP"}
+    fig, (ax, curves) = plt.subplots(1, 2, figsize=(12, 4.4))
     for x, name in enumerate(CONTENDERS):
         c = result["contenders"][name]["seconds"]
-        ax.bar(x, c["median"], color=["tab:green", "tab:blue", "tab:gray"][x], alpha=0.85,
+        ax.bar(x, c["median"], color=colors[name], alpha=0.85,
                yerr=[[c["median"] - c["iqr"][0]], [c["iqr"][1] - c["median"]]], capsize=6)
         ax.scatter([x] * len(c["runs"]), c["runs"], color="black", s=10, zorder=3)
         ax.text(x, c["iqr"][1], f"{c['median']:.0f} s", ha="center", va="bottom", fontsize=8)
-    ax.axhline(result["limit_s"], color="red", ls=":", lw=1, label="limit (not reached)")
-    ax.set_xticks(range(len(CONTENDERS)), ["Chorus gossip", "Chorus allreduce\nbalanced", "Ray Train DDP"])
+        for run in result["contenders"][name]["details"]:
+            t, w = zip(*[(t, w) for t, w in run["curve"] if w is not None], strict=True)
+            curves.plot(t, w, color=colors[name], alpha=0.6, lw=1)
+        curves.plot([], [], color=colors[name], label=labels[name].replace("\n", " "))
+    ax.axhline(result["limit_s"], color="red", ls=":", lw=1, label="limit (a run cut there did not reach)")
+    ax.set_xticks(range(len(CONTENDERS)), [labels[n] for n in CONTENDERS])
     ax.set_ylabel(f"seconds to dev WER <= {WER_TARGET:g}% (median, IQR)")
-    ax.set_title(f"4 learners, learner {SLOW} slowed {FACTOR:g}x, 2 shared cores; best Chorus / Ray Train = "
-                 f"{result['best_over_ray_train']['ratio']} (target <= {RATIO_TARGET})", fontsize=9)
+    ax.set_title(f"best Chorus / Ray Train = {result['best_over_ray_train']['ratio']} (target <= {RATIO_TARGET})"
+                 + (", Ray Train cut at the limit" if result["ray_train_censored"] else ""), fontsize=9)
     ax.legend(fontsize=8)
     ax.grid(True, axis="y", alpha=0.3)
+    curves.axhline(WER_TARGET, color="red", ls=":", lw=1)
+    curves.set_ylim(0, 40)
+    curves.set_xlabel("seconds from the start call")
+    curves.set_ylabel("dev WER (%)")
+    curves.set_title(f"every run's dev evaluations; 4 learners, learner {SLOW} slowed {FACTOR:g}x, 2 shared cores",
+                     fontsize=9)
+    curves.legend(fontsize=8)
+    curves.grid(True, alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+def time_to(curve: list, wer: float) -> float | None:
+    """Seconds from the start call to the first evaluation at or below `wer` in a curve of (s, WER)."""
+    return next((t for t, w in curve if w is not None and w <= wer), None)
+
+
+def same_wer(details: dict) -> dict:
+    """Where Ray Train did not reach the target: per repeat, the best dev WER Ray Train had within
+    the limit, when it first had it, and when each Chorus contender of the same repeat first had it
+    (None: never in its run). The Chorus/Ray Train ratio of those times is a figure of the same
+    runs that does not need Ray Train to reach the target."""
+    rows = []
+    for r, rt in enumerate(details["ray_train"]):
+        scored = [(t, w) for t, w in rt["curve"] if w is not None]
+        if rt["reached"] or not scored:
+            continue
+        best = min(w for _, w in scored)
+        row = {"repeat": r, "ray_train_best_wer": best, "ray_train_s": time_to(scored, best)}
+        for name in ("gossip", "allreduce_balanced"):
+            row[f"{name}_s"] = time_to(details[name][r]["curve"], best) if r < len(details[name]) else None
+        rows.append(row)
+    out = {"repeats": rows}
+    for name in ("gossip", "allreduce_balanced"):
+        ratios = [row[f"{name}_s"] / row["ray_train_s"] for row in rows if row[f"{name}_s"] is not None]
+        out[f"{name}_over_ray_train"] = summary(ratios, 3) if ratios else None
+    return out
+
+
+def judge(details: dict, limit: float, repeats: int, wall_s: float) -> dict:
+    stats = {name: summary([d["seconds"] for d in details[name]], 1) for name in CONTENDERS}
+    best = min(("gossip", "allreduce_balanced"), key=lambda n: stats[n]["median"])
+    versus = compare(stats[best], stats["ray_train"])
+    reached = {name: [d["reached"] for d in details[name]] for name in CONTENDERS}
+    # a run of Ray Train cut at the limit counts as the limit: its true time is longer, so the ratio is
+    # an upper bound; the target is met only if that bound is
+    return {"benchmark": "time_to_wer", "learners": LEARNERS, "slowdown": {SLOW: FACTOR},
+            "batch_seconds": BATCH_SECONDS, "wer_target": WER_TARGET, "eval_every_s": EVAL_SECONDS,
+            "limit_s": limit, "repeats": repeats, "wall_s": wall_s,
+            "contenders": {name: {"seconds": stats[name], "reached": reached[name],
+                                  "epochs": [d["epochs"] for d in details[name]], "details": details[name]}
+                           for name in CONTENDERS},
+            "best_chorus": best, "best_over_ray_train": versus,
+            "ray_train_censored": not all(reached["ray_train"]),
+            "same_wer_as_ray_train": same_wer(details),
+            "passed": all(reached[best]) and versus["ratio"] <= RATIO_TARGET and versus["verdict"] == "lower"}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--limit", type=float, default=900.0, help="seconds a run may take at most")
+    parser.add_argument("--from-progress", type=Path, default=None,
+                        help="judge the runs kept in this progress.jsonl again (no training)")
     args = parser.parse_args()
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # throwaway local instances
-    corpus = WORK / "corpus-2000-0"
-    if not (corpus / "corpus.json").is_file():
-        synthesize(corpus, utterances=2000, seed=0, progress=False)  # as `make demo`
-    details: dict[str, list[dict]] = {}
-    started = time.time()
-    runs = interleaved({name: (lambda _r, name=name: run_fresh(name, corpus, args.limit, details))
-                        for name in CONTENDERS}, repeats=args.repeats)
-    stats = {name: summary(values, 1) for name, values in runs.items()}
-    best = min(("gossip", "allreduce_balanced"), key=lambda n: stats[n]["median"])
-    versus = compare(stats[best], stats["ray_train"])
-    reached = {name: [d["reached"] for d in details[name]] for name in CONTENDERS}
-    result = {"benchmark": "time_to_wer", "learners": LEARNERS, "slowdown": {SLOW: FACTOR},
-              "batch_seconds": BATCH_SECONDS, "wer_target": WER_TARGET, "eval_every_s": EVAL_SECONDS,
-              "limit_s": args.limit, "repeats": args.repeats, "wall_s": round(time.time() - started, 1),
-              "contenders": {name: {"seconds": stats[name], "reached": reached[name], "details": details[name]}
-                             for name in CONTENDERS},
-              "best_chorus": best, "best_over_ray_train": versus,
-              "passed": all(reached[best]) and versus["ratio"] <= RATIO_TARGET and versus["verdict"] == "lower"}
+    if args.from_progress is not None:
+        details: dict[str, list[dict]] = {}
+        for line in args.from_progress.read_text().splitlines():
+            run = json.loads(line)
+            details.setdefault(run.pop("contender"), []).append(run)
+        repeats = min(len(details.get(name, [])) for name in CONTENDERS)
+        details = {name: runs[:repeats] for name, runs in details.items()}
+        result = judge(details, args.limit, repeats, wall_s=None)
+    else:
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # throwaway local instances
+        corpus = WORK / "corpus-2000-0"
+        if not (corpus / "corpus.json").is_file():
+            synthesize(corpus, utterances=2000, seed=0, progress=False)  # as `make demo`
+        details = {}
+        (WORK / "progress.jsonl").unlink(missing_ok=True)
+        started = time.time()
+        interleaved({name: (lambda _r, name=name: run_fresh(name, corpus, args.limit, details))
+                     for name in CONTENDERS}, repeats=args.repeats)
+        result = judge(details, args.limit, args.repeats, wall_s=round(time.time() - started, 1))
     write_results(RESULTS / "time_to_wer.json", result, plot)
-    print({name: stats[name]["median"] for name in CONTENDERS}, "best", best, versus, "passed", result["passed"])
+    print({name: result["contenders"][name]["seconds"]["median"] for name in CONTENDERS}, "best",
+          result["best_chorus"], result["best_over_ray_train"], "same WER:",
+          {k: v for k, v in result["same_wer_as_ray_train"].items() if k != "repeats"}, "passed", result["passed"])
     return 0 if result["passed"] else 1
 
 
