@@ -23,10 +23,17 @@ def spec_file(stub_corpus, tmp_path):
     return path
 
 
-def test_tiny_yaml_every_line_commented():
-    for line in TINY.read_text().splitlines():
+CONFIGS = sorted(TINY.parent.glob("*.yaml"))
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=[c.name for c in CONFIGS])
+def test_shipped_job_specs_are_commented_on_every_line_and_valid(config, stub_corpus):
+    for line in config.read_text().splitlines():
         if line.strip() and ":" in line and not line.strip().startswith("#"):
-            assert "#" in line, f"uncommented line in tiny.yaml: {line!r}"
+            assert "#" in line, f"uncommented line in {config.name}: {line!r}"
+    data = [f"data.{s}={stub_corpus / 'train.jsonl'}" for s in ("train", "dev", "test", "test_unseen",
+                                                                 "test_unseen_engine")]
+    assert load_spec(config, data).name == config.stem
 
 
 def test_valid_spec_and_overrides(spec_file):
@@ -39,6 +46,10 @@ def test_valid_spec_and_overrides(spec_file):
     (["optim.lrr=0.1"], "optim.lrr (from --set): unknown key"),
     (["model.hidden=wide"], "model.hidden (from --set): Input should be a valid integer"),
     (["model.kind=transformer"], "model.kind (from --set): Input should be 'bilstm_ctc' or 'conformer_ctc'"),
+    (["model.tokenizer.kind=wordpiece"], "model.tokenizer.kind (from --set): Input should be 'char' or 'bpe'"),
+    (["augment.speed_factors=[0.9, 3.0]"], "augment.speed_factors (from --set): speed factors must lie in [0.5, 2.0]"),
+    (["augment.noise_snr_db=[30, 10]"], "augment.noise_snr_db (from --set): expected [low, high] with low <= high"),
+    (["augment.reverb_prob=1.5"], "augment.reverb_prob (from --set): Input should be less than or equal to 1"),
     (["group.kind=ring"], "group.kind (from --set): Input should be"),
     (["data.train=/no/such/train.jsonl"],
      "data.train (from --set): no such manifest or directory: '/no/such/train.jsonl'"),

@@ -1,0 +1,117 @@
+"""Benchmark: how far each recipe generalizes beyond the voices it heard (issue 20).
+
+Two recipes, `jobs/configs/tiny.yaml` (BiLSTM, characters, no augmentation) and
+`jobs/configs/conformer.yaml` (Conformer, BPE, speed/noise/reverberation), each trained by 2 gossip
+learners within the same wall budget (6 minutes, as `make demo`) on the same corpus from `chorus
+synth` with Festival (`--utterances 2000 --seed 0`: espeak-ng and Festival's diphone voices in
+training, Festival's HTS voice only in `test-unseen-engine`). Reported per recipe: WER on `test`
+(seen voices), `test-unseen` (unseen espeak-ng voices) and `test-unseen-engine` (a synthesizer
+never heard), the epochs reached within the budget (so a slow day shows as such) and samples/s.
+The recipes run interleaved, `--repeats` times each (one run is one sample: the figures are
+medians with IQRs), each on a fresh local Ray instance.
+
+Targets: `test` <= 5% and `test-unseen-engine` <= 20% for the better recipe (lower unseen-engine
+WER). Writes `bench/results/generalization.json` and `generalization.png`.
+
+Usage: .venv/bin/python bench/generalization.py [--repeats 5] [--wall-seconds 345]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import matplotlib  # noqa: E402
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import ray  # noqa: E402
+from _common import interleaved, summary, write_results  # noqa: E402
+
+from jobs.synth import data_overrides, synthesize  # noqa: E402
+from orchestrator.config import load_spec  # noqa: E402
+from orchestrator.job import TrainingJob  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results"
+WORK = ROOT / "bench" / "work" / "generalization"
+RECIPES = {"tiny": ROOT / "jobs" / "configs" / "tiny.yaml", "conformer": ROOT / "jobs" / "configs" / "conformer.yaml"}
+SPLITS = ("test", "test_unseen", "test_unseen_engine")
+TARGETS = {"test": 5.0, "test_unseen_engine": 20.0}
+
+
+def run_recipe(name: str, corpus: Path, wall_seconds: float, details: dict) -> float:
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        spec = load_spec(RECIPES[name], [*data_overrides(corpus), f"budget.wall_seconds={wall_seconds}",
+                                         "budget.epochs=null", "learners=2", "group.kind=gossip", f"name={name}"])
+        summary_ = TrainingJob(spec, WORK / name, overwrite=True).run()
+    finally:
+        ray.shutdown()
+    run = {**{f"wer_{s}": summary_.get(f"wer_{s}") for s in SPLITS},
+           **{k: summary_[k] for k in ("epochs", "samples_per_s", "wall_s")}}
+    details.setdefault(name, []).append(run)
+    print(f"[{name}] " + json.dumps(run), flush=True)
+    return run["wer_test_unseen_engine"] if run["wer_test_unseen_engine"] is not None else float("inf")
+
+
+def plot(result: dict, path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(8, 4.4))
+    width = 0.38
+    for i, name in enumerate(RECIPES):
+        stats = result["recipes"][name]
+        medians = [stats[f"wer_{s}"]["median"] for s in SPLITS]
+        low = [m - stats[f"wer_{s}"]["iqr"][0] for m, s in zip(medians, SPLITS, strict=True)]
+        high = [stats[f"wer_{s}"]["iqr"][1] - m for m, s in zip(medians, SPLITS, strict=True)]
+        xs = [x + (i - 0.5) * width for x in range(len(SPLITS))]
+        ax.bar(xs, medians, width, yerr=[low, high], capsize=4,
+               label=f"{name} ({stats['epochs']['median']:g} epochs)")
+        for x, m in zip(xs, medians, strict=True):
+            ax.text(x, m, f"{m:.1f}", ha="center", va="bottom", fontsize=8)
+    for s, target in TARGETS.items():
+        x = SPLITS.index(s)
+        ax.hlines(target, x - 0.45, x + 0.45, color="red", ls=":", lw=1)
+    ax.set_xticks(range(len(SPLITS)), ["test (seen voices)", "test-unseen (voices)", "test-unseen-engine"])
+    ax.set_ylabel("WER (%), median and IQR")
+    ax.set_title(f"2 gossip learners, {result['wall_seconds']:g} s each; targets dotted", fontsize=9)
+    ax.legend(fontsize=8)
+    ax.grid(True, axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--wall-seconds", type=float, default=345.0)
+    args = parser.parse_args()
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # throwaway local instances
+    corpus = WORK / "corpus-2000-0"
+    if not (corpus / "corpus.json").is_file():
+        synthesize(corpus, utterances=2000, seed=0, progress=False, engines="espeak,festival")
+    details: dict[str, list[dict]] = {}
+    started = time.time()
+    interleaved({name: (lambda _r, name=name: run_recipe(name, corpus, args.wall_seconds, details))
+                 for name in RECIPES}, repeats=args.repeats)
+    recipes = {name: {key: summary([r[key] for r in runs], 2) for key in runs[0] if runs[0][key] is not None}
+               for name, runs in details.items()}
+    best = min(RECIPES, key=lambda n: recipes[n]["wer_test_unseen_engine"]["median"])
+    result = {"benchmark": "generalization", "learners": 2, "group": "gossip", "wall_seconds": args.wall_seconds,
+              "repeats": args.repeats, "corpus": json.loads((corpus / "corpus.json").read_text()),
+              "recipes": recipes, "runs": details, "best": best, "targets": TARGETS,
+              "wall_s": round(time.time() - started, 1),
+              "passed": all(recipes[best][f"wer_{s}"]["median"] <= t for s, t in TARGETS.items())}
+    write_results(RESULTS / "generalization.json", result, plot)
+    print(json.dumps({n: {k: v["median"] for k, v in r.items()} for n, r in recipes.items()}), "best", best,
+          "passed", result["passed"])
+    return 0 if result["passed"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
