@@ -26,12 +26,12 @@ $(DEMO_DATA)/corpus.json: | $(STAMP) speech-deps
 # started in-process (it prints the dashboard URL) and prints the summary JSON last.
 demo: $(STAMP) $(DEMO_DATA)/corpus.json
 	$(BIN)/chorus train jobs/configs/tiny.yaml --set learners=2 --set group.kind=gossip --out runs/demo \
-	  $$(test -f $(DEMO_DATA)/test-unseen-engine.jsonl || echo --set data.test_unseen_engine=null)
+	  $$(test -f $(DEMO_DATA)/test-unseen-engine.jsonl && echo --set data.test_unseen_engine=$(DEMO_DATA)/test-unseen-engine.jsonl)
 
 # Debian's Festival and its English voices, the corpus's second speech engine (`chorus synth` makes an
 # espeak-ng-only corpus without them, saying so)
 FESTIVAL_PACKAGES := festival festvox-kallpc16k festvox-kdlpc16k festvox-us-slt-hts
-APT_INSTALL = SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); ($$SUDO apt-get update -qq && \
+APT_INSTALL = SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo -n); ($$SUDO apt-get update -qq && \
 	DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq
 speech-deps:
 	@test -d /usr/share/festival/voices/us/cmu_us_slt_arctic_hts || { $(APT_INSTALL) $(FESTIVAL_PACKAGES)) \

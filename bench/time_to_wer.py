@@ -46,7 +46,7 @@ matplotlib.use("Agg")
 import heterogeneous  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 import ray  # noqa: E402
-from _common import compare, interleaved, summary, write_results  # noqa: E402
+from _common import MIN_REPEATS, compare, interleaved, summary, write_results  # noqa: E402
 from heterogeneous import BATCH_SECONDS, FACTOR, LEARNERS, SLOW, _slow_allreduce_hook  # noqa: E402
 from ray import cloudpickle  # noqa: E402
 
@@ -217,8 +217,9 @@ def plot(result: dict, path: Path) -> None:
         ax.scatter([x] * len(c["runs"]), c["runs"], color="black", s=10, zorder=3)
         ax.text(x, c["iqr"][1], f"{c['median']:.0f} s", ha="center", va="bottom", fontsize=8)
         for run in result["contenders"][name]["details"]:
-            t, w = zip(*[(t, w) for t, w in run["curve"] if w is not None], strict=True)
-            curves.plot(t, w, color=colors[name], alpha=0.6, lw=1)
+            scored = [(t, w) for t, w in run["curve"] if w is not None]
+            if scored:
+                curves.plot(*zip(*scored, strict=True), color=colors[name], alpha=0.6, lw=1)
         curves.plot([], [], color=colors[name], label=labels[name].replace("\n", " "))
     ax.axhline(result["limit_s"], color="red", ls=":", lw=1, label="limit (a run cut there did not reach)")
     ax.set_xticks(range(len(CONTENDERS)), [labels[n] for n in CONTENDERS])
@@ -282,7 +283,8 @@ def judge(details: dict, limit: float, repeats: int, wall_s: float) -> dict:
             "best_chorus": best, "best_over_ray_train": versus,
             "ray_train_censored": not all(reached["ray_train"]),
             "same_wer_as_ray_train": same_wer(details),
-            "passed": all(reached[best]) and versus["ratio"] <= RATIO_TARGET and versus["verdict"] == "lower"}
+            "passed": repeats >= MIN_REPEATS and all(reached[best]) and versus["ratio"] <= RATIO_TARGET
+            and versus["verdict"] == "lower"}
 
 
 def main() -> int:

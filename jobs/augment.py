@@ -28,9 +28,9 @@ from jobs.sections import AugmentConfig
 SAMPLE_RATE = 16_000
 
 
-def utterance_generator(seed: int, epoch: int, index: int) -> torch.Generator:
-    """A generator seeded from (seed, epoch, index) by a hash, so no two triples share a stream."""
-    digest = hashlib.blake2b(f"{seed}:{epoch}:{index}".encode(), digest_size=8).digest()
+def utterance_generator(seed: int, epoch: int, index: int, kind: str) -> torch.Generator:
+    """A generator seeded from (seed, epoch, index, kind) by a hash, so no two share a stream."""
+    digest = hashlib.blake2b(f"{seed}:{epoch}:{index}:{kind}".encode(), digest_size=8).digest()
     return torch.Generator().manual_seed(int.from_bytes(digest, "little") & (2**63 - 1))
 
 
@@ -58,23 +58,24 @@ class Augment:
 
     @torch.no_grad()
     def __call__(self, waveform: torch.Tensor, epoch: int, index: int) -> torch.Tensor:
-        c, g = self.config, utterance_generator(self.seed, epoch, index)
+        c = self.config
+        # each kind draws from a stream of its own, so switching one kind on or off changes nothing
+        # of what the others do to the same utterance
+        speed, room, noise = (utterance_generator(self.seed, epoch, index, kind) for kind in ("speed", "room", "noise"))
 
-        def uniform(low: float, high: float) -> float:
+        def uniform(low: float, high: float, g: torch.Generator) -> float:
             return low + (high - low) * float(torch.rand((), generator=g))
 
-        # Every draw is made whether or not its kind applies, so switching one kind on or off
-        # leaves the others' draws for the same utterance unchanged.
-        factor = c.speed_factors[int(torch.randint(len(c.speed_factors), (), generator=g))] if c.speed_factors else 1.0
-        reverb, rt60 = uniform(0, 1) < c.reverb_prob, uniform(*c.reverb_rt60_s)
-        noise, snr_db = uniform(0, 1) < c.noise_prob, uniform(*c.noise_snr_db)
         out = waveform.float()
-        if factor != 1.0:
-            out = AF.speed(out, SAMPLE_RATE, factor)[0]
-        if reverb:
+        if c.speed_factors:
+            factor = c.speed_factors[int(torch.randint(len(c.speed_factors), (), generator=speed))]
+            if factor != 1.0:
+                out = AF.speed(out, SAMPLE_RATE, factor)[0]
+        if uniform(0, 1, room) < c.reverb_prob:
             level = out.pow(2).mean().sqrt()
-            out = AF.fftconvolve(out, synthetic_rir(rt60, g))[: out.shape[-1]]
+            out = AF.fftconvolve(out, synthetic_rir(uniform(*c.reverb_rt60_s, room), room))[: out.shape[-1]]
             out = out * (level / out.pow(2).mean().sqrt().clamp_min(1e-8))  # the same loudness as before
-        if noise:
-            out = AF.add_noise(out[None], torch.randn(out.shape[-1], generator=g)[None], torch.tensor([snr_db]))[0]
+        if uniform(0, 1, noise) < c.noise_prob:
+            snr_db = torch.tensor([uniform(*c.noise_snr_db, noise)])
+            out = AF.add_noise(out[None], torch.randn(out.shape[-1], generator=noise)[None], snr_db)[0]
         return out

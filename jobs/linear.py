@@ -65,7 +65,7 @@ class LinearWorkload:
         d = config.data
         teacher = torch.randn(d.features, d.classes, generator=torch.Generator().manual_seed(10_000 + seed))
         self._splits = {}
-        for k, name in enumerate(("train", "dev", "test", "test_unseen")):
+        for k, name in enumerate(("train", "dev", "test", "test_unseen", "test_unseen_engine")):
             n = d.samples if name == "train" else max(1, d.samples // 4)
             x = torch.randn(n, d.features, generator=torch.Generator().manual_seed(seed * 10 + k))
             self._splits[name] = (x, (x @ teacher).argmax(1))

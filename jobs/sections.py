@@ -135,7 +135,7 @@ class TokenizerConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     kind: Literal["char", "bpe"] = "char"
-    vocab: int = Field(128, ge=2, le=32_000)
+    vocab: int = Field(128, ge=32, le=32_000)  # SentencePiece needs a piece for each character first
 
 
 class ModelConfig(BaseModel):
@@ -216,7 +216,7 @@ class LinearData(BaseModel):
     features: input dimensions.
     classes: output classes.
     batch_size: samples per batch (of one learner, with equal shares).
-    eval_splits: which of `dev`, `test`, `test_unseen` exist.
+    eval_splits: which of `dev`, `test`, `test_unseen`, `test_unseen_engine` exist.
     compute_seconds: each batch's loss takes at least this long (sleeping, not computing): a
         stand-in for a real model's step time, so orchestration tests have steps of a realistic
         length without loading a busy machine.

@@ -197,8 +197,10 @@ def load_model_state(state: dict, model: torch.nn.Module, optimizer: torch.optim
 
 
 class AsrWorkload:
-    """Character-CTC speech recognition on one corpus; the orchestrator's only view of speech
-    (it implements `orchestrator.workload.Workload`, registered as `asr`)."""
+    """CTC speech recognition (characters or BPE subwords) on one corpus; the orchestrator's only
+    view of speech (it implements `orchestrator.workload.Workload`, registered as `asr`). Every
+    learner learns the same BPE units from the same training transcripts, as it cuts the same
+    shards from them; a resumed learner and `chorus eval` take the units its checkpoint carries."""
 
     Config = WorkloadConfig
     input_error = DataError
@@ -218,8 +220,9 @@ class AsrWorkload:
     def corpus(self, source: str | Path) -> Corpus:
         key = Path(source).resolve()
         if key not in self._corpora:
+            augment = self.augment if key == Path(self.config.data.train).resolve() else None  # training audio only
             self._corpora[key] = Corpus(source, self.fbank, lambda: self.tokenizer,
-                                        self.config.data.max_utterance_seconds, self.cache, self.augment)
+                                        self.config.data.max_utterance_seconds, self.cache, augment)
         return self._corpora[key]
 
     @property
@@ -244,6 +247,10 @@ class AsrWorkload:
                 corpus = self.corpus(source)
                 if not len(corpus):
                     raise DataError(f"no usable {what} utterances in {source}: {corpus.skipped.describe()}")
+        try:
+            self.tokenizer  # noqa: B018 - a BPE model is learnt here first, so a corpus it cannot learn from stops the job now
+        except ValueError as exc:
+            raise DataError(f"model.tokenizer: cannot learn BPE units from {d.train}: {exc}") from None
 
     @property
     def max_rollbacks(self) -> int:
@@ -368,8 +375,11 @@ class AsrWorkload:
     def load_state_dict(self, state: dict, model: torch.nn.Module,
                         optimizer: torch.optim.Optimizer | None = None) -> None:
         load_model_state(state, model, optimizer)
-        if "tokenizer" in state:  # checkpoints from before tokenizers were saved are character ones
-            self._tokenizer = tokenizer_from_state(state["tokenizer"])
+        if "tokenizer" in state:
+            with self._tokenizer_lock:
+                self._tokenizer = tokenizer_from_state(state["tokenizer"])
+        elif self.config.model.tokenizer.kind != "char":  # checkpoints from before tokenizers were saved are char ones
+            raise DataError("this checkpoint carries no BPE units: it was not trained with model.tokenizer.kind: bpe")
 
 
 def _device_of(model: torch.nn.Module) -> torch.device:

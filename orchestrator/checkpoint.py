@@ -219,7 +219,7 @@ def resolve(state: dict, store: StateStore) -> dict:
     if "file" in state["model"]:
         averaged = read(state["model"])
         resolved["model"] = averaged["model"]
-        resolved.update({k: v for k, v in averaged.items() if k != "model"})  # the workload's parts (a tokenizer)
+        resolved.update({k: v for k, v in averaged.items() if k not in resolved})  # the workload's parts (a tokenizer)
     return resolved
 
 

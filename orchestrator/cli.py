@@ -88,7 +88,7 @@ def synth(out, utterances, eval_utterances, seed, workers, engines):
     try:
         summary = synthesize(out, utterances=utterances, eval_utterances=eval_utterances, seed=seed, workers=workers,
                              engines=engines)
-    except RuntimeError as exc:  # jobs.synth.SynthError: a voice or an engine is missing
+    except workload_part("asr", "synth_error") as exc:  # a voice or an engine is missing
         raise click.ClickException(str(exc)) from None
     click.echo(strict_json.dumps(summary))
 

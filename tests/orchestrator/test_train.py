@@ -3,6 +3,8 @@ import json
 import pytest
 import torch
 
+from jobs.data import read_corpus
+from jobs.tokenizer import BpeTokenizer
 from orchestrator.checkpoint import load
 from orchestrator.job import TrainingJob
 from tests.conftest import SMALL_MODEL, make_spec, run_cli
@@ -58,8 +60,11 @@ def test_cli_train_prints_evals_and_summary_last_then_eval_reads_checkpoint(corp
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["utterances"] == 20 and abs(result["wer"] - summary["wer_test"]) < 1e-6
-    # `chorus eval` read the units the run trained with (its own data would have made other BPE units)
-    assert load(out / "checkpoint.pt").state["tokenizer"]["kind"] == tokenizer
+    # the checkpoint that `chorus eval` read carries the units the run learnt from its training transcripts
+    saved = load(out / "checkpoint.pt").state["tokenizer"]
+    assert saved["kind"] == tokenizer
+    if tokenizer == "bpe":
+        assert saved["model"] == BpeTokenizer.train([u.text for u in read_corpus(corpus / "train.jsonl")[0]], 48).model
 
 
 @pytest.mark.unit
