@@ -112,12 +112,13 @@ class BpeTokenizer:
 
 def output_size(config: TokenizerConfig) -> int:
     """The model's output classes for `config`'s tokenizer, known before any tokenizer is trained."""
-    return CharTokenizer().vocab_size if config.kind == "char" else config.vocab + 1
+    return {"char": CharTokenizer().vocab_size, "bpe": config.vocab + 1}[config.kind]
 
 
 def build_tokenizer(config: TokenizerConfig, transcripts: Iterable[str]) -> CharTokenizer | BpeTokenizer:
     """`config`'s tokenizer; BPE learns from `transcripts` (read only for BPE)."""
-    return CharTokenizer() if config.kind == "char" else BpeTokenizer.train(transcripts, config.vocab)
+    makers = {"char": CharTokenizer, "bpe": lambda: BpeTokenizer.train(transcripts, config.vocab)}
+    return makers[config.kind]()
 
 
 def tokenizer_from_state(state: dict) -> CharTokenizer | BpeTokenizer:

@@ -244,7 +244,10 @@ def test_a_sweep_killed_mid_run_resumes_without_repeating_finished_trials(ray_cl
     states = {}
     while time.time() < deadline and proc.poll() is None:
         states = _trial_states(out / "tune")
-        if list(states.values()).count("TERMINATED") >= 1 and len(states) == 3:
+        # Tune writes a trial's state and its progress.csv rows at different moments: kill only once a
+        # finished trial's rows are on disk too (the state alone said TERMINATED one row early in CI)
+        done = [t for t, state in states.items() if state == "TERMINATED"]
+        if done and len(states) == 3 and all(_progress_rows(out / "tune", t) == 3 for t in done):
             break
         time.sleep(0.5)
     assert proc.poll() is None, f"the sweep ended before it could be killed:\n{proc.stdout.read()}"
