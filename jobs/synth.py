@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -250,16 +251,26 @@ def _prosody(plan: UtterancePlan) -> tuple[np.random.Generator, int, int]:
     return rng, int(rng.integers(130, 211)), int(rng.integers(25, 76))
 
 
-def festival_stretch(rate_wpm: int) -> float:
-    """Festival's Duration_Stretch for a speaking rate: 1 at 170 words a minute, the range's middle."""
-    return 170 / rate_wpm
+def festival_pitch(pitch: int) -> Fraction:
+    """How much a Festival voice's pitch is raised, from the drawn pitch (25-75): in quarter tones,
+    25 -> -2 semitones, 75 -> +2, as a ratio of small integers. The audio is resampled as if it had
+    been recorded at that much higher a rate, which moves pitch and formants together (as speed
+    perturbation does) and costs a small polyphase filter; a phase vocoder's shift resampled between
+    coprime rates and took ~3 s an utterance."""
+    return Fraction(2 ** (round((pitch - 50) / 6.25) / 24)).limit_denominator(64)
+
+
+def festival_stretch(rate_wpm: int, pitch: int) -> float:
+    """Festival's Duration_Stretch for a speaking rate (1 at 170 words a minute, the range's middle),
+    lengthened by the pitch ratio that `render`'s resampling will shorten it by."""
+    return 170 / rate_wpm * float(festival_pitch(pitch))
 
 
 def render(engine: Espeak | None, plan: UtterancePlan, festival: tuple[np.ndarray, int] | None = None) -> np.ndarray:
     """One utterance as float32 at 16 kHz: varied rate and pitch, padded with silence, scaled, noise
     added. An espeak-ng voice is spoken by `engine`; a Festival voice's audio comes in as `festival`
-    (`Festival.speak_all`, at the rate `_prosody` drew), and its pitch is shifted here by up to
-    two semitones either way."""
+    (`Festival.speak_all`, at the rate `_prosody` drew), and its pitch is raised or lowered here
+    (`festival_pitch`)."""
     rng, rate_wpm, pitch = _prosody(plan)
     if festival is None:
         pcm, rate = engine.speak(plan.text, plan.voice, rate_wpm=rate_wpm, pitch=pitch, noise_seed=plan.seed), \
@@ -268,10 +279,9 @@ def render(engine: Espeak | None, plan: UtterancePlan, festival: tuple[np.ndarra
         pcm, rate = festival
     if pcm.size == 0:
         raise SynthError(f"{plan.voice} produced no audio for {plan.utt_id} ({plan.text!r})")
-    wav = torchaudio.functional.resample(torch.from_numpy(pcm.astype(np.float32) / 32768.0), rate, SAMPLE_RATE)
-    if festival is not None and pitch != 50:  # quarter-tone steps: 25 -> -2 semitones, 75 -> +2
-        wav = torchaudio.functional.pitch_shift(wav, SAMPLE_RATE, round((pitch - 50) / 6.25), bins_per_octave=24)
-    wav = wav.numpy()
+    shift = festival_pitch(pitch) if festival is not None else Fraction(1)
+    wav = torchaudio.functional.resample(torch.from_numpy(pcm.astype(np.float32) / 32768.0),
+                                         rate * shift.numerator, SAMPLE_RATE * shift.denominator).numpy()
     pad = lambda: np.zeros(int(rng.uniform(0.05, 0.3) * SAMPLE_RATE), np.float32)  # noqa: E731
     wav = np.concatenate([pad(), wav, pad()])
     wav *= rng.uniform(0.3, 0.9) / max(1e-6, float(np.abs(wav).max()))
@@ -292,7 +302,7 @@ def _write_chunk(job: tuple[list[UtterancePlan], str]) -> list[tuple[str, float]
     only on the seed, not on the number of workers or on scheduling."""
     plans, out = job
     torch.set_num_threads(1)
-    festival = Festival.speak_all([(p.utt_id, p.text, p.voice, festival_stretch(_prosody(p)[1]))
+    festival = Festival.speak_all([(p.utt_id, p.text, p.voice, festival_stretch(*_prosody(p)[1:]))
                                    for p in plans if is_festival(p.voice)])
     engine = Espeak() if any(not is_festival(p.voice) for p in plans) else None
     written = []
