@@ -44,10 +44,10 @@ test-deps: speech-deps
 	    >/dev/null 2>&1 || echo "make: could not install Debian's prometheus; its test will be skipped"; }
 
 # every tier: unit, ray and slow (pyproject.toml says what each holds), in two pytest-xdist workers,
-# one per core, handed one test at a time, longest first (tests/conftest.py); the tests that share
+# one per core, handed one test at a time, longest first (tests/conftest.py), naming the 15 slowest; the tests that share
 # a module's fixtures (a Ray head, an S3 server) are an `xdist_group` that one worker runs whole
 test: $(STAMP) test-deps
-	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --durations=15
 
 # the unit tier only, for the edit loop: no Ray cluster, no Ray head (about a minute here)
 test-fast: $(STAMP)
