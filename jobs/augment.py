@@ -1,7 +1,8 @@
 """Waveform augmentation of training utterances, on the fly and seeded: speed perturbation (one
 factor of a list, as Kaldi's and ESPnet's recipes do: tempo and pitch together), reverberation by
 a synthetic room impulse response, and additive white noise at a random SNR, in that order (a room
-first, then the microphone's noise). SpecAugment, on features, stays in `jobs/features.py`.
+first, then the microphone's noise). `warp` draws an utterance's vocal tract length perturbation
+factor, which the filterbank applies (`jobs/features.py`, as SpecAugment).
 
 What an utterance hears is a function of (seed, epoch, utterance index) alone: the same run hears
 the same thing again, whatever learner or thread prepares the batch, and each epoch hears each
@@ -79,3 +80,10 @@ class Augment:
             snr_db = torch.tensor([uniform(*c.noise_snr_db, noise)])
             out = AF.add_noise(out[None], torch.randn(out.shape[-1], generator=noise)[None], snr_db)[0]
         return out
+
+    def warp(self, epoch: int, index: int) -> float:
+        """The utterance's VTLP factor for `epoch` (uniform in `vtlp_warp`), 1.0 when that is off."""
+        if self.config.vtlp_warp is None:
+            return 1.0
+        low, high = self.config.vtlp_warp
+        return low + (high - low) * float(torch.rand((), generator=utterance_generator(self.seed, epoch, index, "vtlp")))

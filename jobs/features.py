@@ -1,5 +1,6 @@
-"""Acoustic features: 80-dim log-mel filterbanks, per-utterance mean/variance normalization and
-SpecAugment (torchaudio's masks), applied in training only."""
+"""Acoustic features: log-mel filterbanks, per-utterance mean/variance normalization, vocal tract
+length perturbation (a warp of the filterbank's frequency axis) and SpecAugment (torchaudio's
+masks); the last two in training only."""
 
 from __future__ import annotations
 
@@ -11,8 +12,20 @@ from jobs.sections import FeatureConfig
 SAMPLE_RATE = 16_000
 
 
+def vtlp_frequencies(freqs: torch.Tensor, alpha: float, nyquist: float = SAMPLE_RATE / 2,
+                     boundary_hz: float = 4800.0) -> torch.Tensor:
+    """Jaitly and Hinton's (2013) vocal tract length perturbation warp: frequency f -> alpha * f up to
+    `boundary_hz * min(alpha, 1) / alpha`, then a straight line to the Nyquist frequency, which stays
+    put (so nothing is pushed off the spectrum's top or leaves a gap there)."""
+    knee = boundary_hz * min(alpha, 1.0) / alpha
+    upper = nyquist - (nyquist - boundary_hz * min(alpha, 1.0)) / (nyquist - knee) * (nyquist - freqs)
+    return torch.where(freqs <= knee, freqs * alpha, upper)
+
+
 class Fbank:
-    """Waveform (16 kHz, mono) -> normalized log-mel frames (frames, num_mel_bins), 25 ms / 10 ms."""
+    """Waveform (16 kHz, mono) -> normalized log-mel frames (frames, num_mel_bins), 25 ms / 10 ms.
+    With `warp` != 1 the mel filters read the spectrum at VTLP-warped frequencies (`vtlp_frequencies`),
+    as a vocal tract `warp` times shorter would place its formants."""
 
     def __init__(self, num_mel_bins: int = 80):
         self.num_mel_bins = num_mel_bins
@@ -20,9 +33,23 @@ class Fbank:
             sample_rate=SAMPLE_RATE, n_fft=400, win_length=400, hop_length=160, n_mels=num_mel_bins
         )
 
+    def warped_filters(self, warp: float) -> torch.Tensor:
+        """The mel filterbank (n_freqs, n_mels) evaluated at the warped frequency of each FFT bin."""
+        filters = self._mel.mel_scale.fb
+        n_freqs = filters.shape[0]
+        position = vtlp_frequencies(torch.linspace(0, SAMPLE_RATE / 2, n_freqs), warp) / (SAMPLE_RATE / 2) * (n_freqs - 1)
+        low = position.floor().long().clamp(0, n_freqs - 1)
+        high = (low + 1).clamp(max=n_freqs - 1)
+        frac = (position - low).unsqueeze(1)
+        return filters[low] * (1 - frac) + filters[high] * frac
+
     @torch.no_grad()
-    def __call__(self, waveform: torch.Tensor) -> torch.Tensor:
-        mel = self._mel(waveform.float())  # (n_mels, frames)
+    def __call__(self, waveform: torch.Tensor, warp: float = 1.0) -> torch.Tensor:
+        if warp == 1.0:
+            mel = self._mel(waveform.float())  # (n_mels, frames)
+        else:
+            power = self._mel.spectrogram(waveform.float())  # (n_freqs, frames)
+            mel = self.warped_filters(warp).transpose(0, 1) @ power
         logmel = torch.log(mel + 1e-6).transpose(0, 1)
         mean = logmel.mean(dim=0, keepdim=True)
         std = logmel.std(dim=0, keepdim=True).clamp_min(1e-5)

@@ -90,6 +90,10 @@ class AugmentConfig(BaseModel):
         reverb_prob: the chance that an utterance is convolved with a synthetic room impulse
             response (exponentially decaying noise after a direct path).
         reverb_rt60_s: `[low, high]`: that room's reverberation time (60 dB decay) in seconds.
+        vtlp_warp: `[low, high]`: vocal tract length perturbation (Jaitly and Hinton, 2013): the
+            filterbank reads each utterance's spectrum at frequencies scaled by a factor drawn
+            uniformly from this range (formants move, tempo and pitch stay), e.g. `[0.8, 1.2]`;
+            null turns it off.
     """
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
@@ -98,6 +102,7 @@ class AugmentConfig(BaseModel):
     noise_snr_db: tuple[float, float] = (10.0, 30.0)
     reverb_prob: float = Field(0.0, ge=0, le=1)
     reverb_rt60_s: tuple[float, float] = (0.2, 0.8)
+    vtlp_warp: tuple[float, float] | None = None
 
     @field_validator("speed_factors")
     @classmethod
@@ -106,10 +111,10 @@ class AugmentConfig(BaseModel):
             raise ValueError(f"speed factors must lie in [0.5, 2.0], got {factors}")
         return factors
 
-    @field_validator("noise_snr_db", "reverb_rt60_s")
+    @field_validator("noise_snr_db", "reverb_rt60_s", "vtlp_warp")
     @classmethod
-    def _range(cls, bounds: tuple[float, float]) -> tuple[float, float]:
-        if bounds[0] > bounds[1]:
+    def _range(cls, bounds: tuple[float, float] | None) -> tuple[float, float] | None:
+        if bounds is not None and bounds[0] > bounds[1]:
             raise ValueError(f"expected [low, high] with low <= high, got {list(bounds)}")
         return bounds
 
@@ -120,9 +125,16 @@ class AugmentConfig(BaseModel):
             raise ValueError(f"reverberation times must be > 0 s, got {list(bounds)}")
         return bounds
 
+    @field_validator("vtlp_warp")
+    @classmethod
+    def _warp_factors(cls, bounds: tuple[float, float] | None) -> tuple[float, float] | None:
+        if bounds is not None and not (0.5 <= bounds[0] and bounds[1] <= 2.0):
+            raise ValueError(f"VTLP warp factors must lie in [0.5, 2.0], got {list(bounds)}")
+        return bounds
+
     @property
     def enabled(self) -> bool:
-        return bool(self.speed_factors) or self.noise_prob > 0 or self.reverb_prob > 0
+        return bool(self.speed_factors) or self.noise_prob > 0 or self.reverb_prob > 0 or self.vtlp_warp is not None
 
 
 class TokenizerConfig(BaseModel):

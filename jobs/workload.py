@@ -104,7 +104,7 @@ class Corpus:
         """Utterance `i`'s features: clean, or with `epoch` and an augmentation, augmented for that epoch."""
         if self.augment is not None and epoch is not None:
             waveform = self._cached(i, "waveform", lambda utt: load_audio(utt.path, self.max_seconds))
-            return None if waveform is None else self.fbank(self.augment(waveform, epoch, i))
+            return None if waveform is None else self.fbank(self.augment(waveform, epoch, i), self.augment.warp(epoch, i))
         return self._cached(i, "features", lambda utt: self.shards.read(i) if self.shards
                             else self.fbank(load_audio(utt.path, self.max_seconds)))
 

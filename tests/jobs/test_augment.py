@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from jobs.augment import Augment
+from jobs.features import Fbank
 from jobs.sections import AugmentConfig, WorkloadConfig
 from jobs.workload import AsrWorkload
 
@@ -72,13 +73,32 @@ def test_reverb_keeps_length_and_loudness_and_adds_a_decaying_tail():
         assert float(early) > 0 and float(late) < float(early) / 100  # -20 dB and more by the end of rt60
 
 
+def test_vtlp_draws_a_seeded_factor_in_its_range_and_the_filterbank_moves_formants_by_it():
+    augment = Augment(AugmentConfig(vtlp_warp=(0.8, 1.2)), seed=5)
+    factors = [augment.warp(epoch, 3) for epoch in range(40)]
+    assert factors == [Augment(AugmentConfig(vtlp_warp=(0.8, 1.2)), seed=5).warp(epoch, 3) for epoch in range(40)]
+    assert all(0.8 <= f <= 1.2 for f in factors) and max(factors) - min(factors) > 0.3
+    assert Augment(AugmentConfig()).warp(0, 0) == 1.0
+    fbank = Fbank(80)
+    plain = fbank.warped_filters(1.0)  # (FFT bins of 40 Hz, mel filters)
+    assert torch.allclose(plain, fbank._mel.mel_scale.fb, atol=1e-5)
+
+    def peak_filter(hz: float, warp: float = 1.0) -> int:  # the mel filter that hears a tone at `hz` most
+        return int(fbank.warped_filters(warp)[round(hz / 40)].argmax())
+
+    for warp in (0.8, 1.2):  # below the 4.8 kHz knee a tone at f reads as one at warp * f
+        assert peak_filter(1000, warp) == peak_filter(1000 * warp) != peak_filter(1000)
+    speech = _speech_like()
+    assert torch.equal(fbank(speech, 1.0), fbank(speech)) and not torch.allclose(fbank(speech, 1.2), fbank(speech))
+
+
 def test_training_batches_are_augmented_and_evaluation_sees_none(corpus):
     def workload(**augment) -> AsrWorkload:
         return AsrWorkload(WorkloadConfig(data={"train": corpus / "train.jsonl", "dev": corpus / "dev.jsonl",
                                                 "max_batch_seconds": 10, "prefetch_batches": 0},
                                           augment=augment), seed=0)
 
-    everything = {"speed_factors": [0.9, 1.1], "noise_prob": 1.0, "reverb_prob": 1.0}
+    everything = {"speed_factors": [0.9, 1.1], "noise_prob": 1.0, "reverb_prob": 1.0, "vtlp_warp": [0.8, 1.2]}
     clean, augmented, again = workload(), workload(**everything), workload(**everything)
     model = clean.build_model()
     assert augmented.evaluate(model, "dev") == clean.evaluate(model, "dev")  # evaluation reads clean audio
