@@ -7,6 +7,8 @@ synth` with Festival (`--utterances 2000 --seed 0`: espeak-ng and Festival's dip
 training, Festival's HTS voice only in `test-unseen-engine`). Reported per recipe: WER on `test`
 (seen voices), `test-unseen` (unseen espeak-ng voices) and `test-unseen-engine` (a synthesizer
 never heard), the epochs reached within the budget (so a slow day shows as such) and samples/s.
+Each run's final (averaged) model is also scored with both decoders, greedy and the lexicon beam
+search (`decoding.kind`), so what the decoder does is told apart from what the model learnt.
 The recipes run interleaved, `--repeats` times each (one run is one sample: the figures are
 medians with IQRs), each on a fresh local Ray instance.
 
@@ -35,8 +37,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 import ray  # noqa: E402
 from _common import interleaved, summary, write_results  # noqa: E402
 
+from jobs.sections import DecodingConfig  # noqa: E402
 from jobs.synth import data_overrides, synthesize  # noqa: E402
-from orchestrator.config import load_spec  # noqa: E402
+from jobs.workload import AsrWorkload  # noqa: E402
+from orchestrator.checkpoint import load  # noqa: E402
+from orchestrator.config import JobSpec, load_spec  # noqa: E402
 from orchestrator.job import TrainingJob  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
@@ -44,6 +49,20 @@ WORK = ROOT / "bench" / "work" / "generalization"
 RECIPES = {"tiny": ROOT / "jobs" / "configs" / "tiny.yaml", "conformer": ROOT / "jobs" / "configs" / "conformer.yaml"}
 SPLITS = ("test", "test_unseen", "test_unseen_engine")
 TARGETS = {"test": 5.0, "test_unseen_engine": 20.0}
+DECODERS = ("greedy", "lexicon")
+
+
+def wer_by_decoder(spec: JobSpec, run: Path) -> dict:
+    """WER on SPLITS of the run's newest checkpoint's averaged model, decoded each way of DECODERS."""
+    state = load(run / "checkpoint.pt").state
+    wers = {}
+    for kind in DECODERS:
+        decoding = DecodingConfig(**{**spec.workload_config.decoding.model_dump(), "kind": kind})
+        workload = AsrWorkload(spec.workload_config.model_copy(update={"decoding": decoding}), seed=spec.seed)
+        model = workload.build_model()
+        workload.load_state_dict(state, model)
+        wers.update({f"wer_{s}_{kind}": round(workload.evaluate(model, s)["wer"], 2) for s in SPLITS})
+    return wers
 
 
 def run_recipe(name: str, corpus: Path, wall_seconds: float, details: dict) -> float:
@@ -55,32 +74,41 @@ def run_recipe(name: str, corpus: Path, wall_seconds: float, details: dict) -> f
     finally:
         ray.shutdown()
     run = {**{f"wer_{s}": summary_.get(f"wer_{s}") for s in SPLITS},
-           **{k: summary_[k] for k in ("epochs", "samples_per_s", "wall_s")}}
+           **{k: summary_[k] for k in ("epochs", "samples_per_s", "wall_s")},
+           "decoding": spec.workload_config.decoding.kind, **wer_by_decoder(spec, WORK / name)}
+    # the job's own final scores are its checkpoint's, decoded its way
+    run["rescored_as_the_job"] = all(run[f"wer_{s}_{run['decoding']}"] == round(run[f"wer_{s}"], 2) for s in SPLITS)
     details.setdefault(name, []).append(run)
     print(f"[{name}] " + json.dumps(run), flush=True)
     return run["wer_test_unseen_engine"] if run["wer_test_unseen_engine"] is not None else float("inf")
 
 
 def plot(result: dict, path: Path) -> None:
-    fig, ax = plt.subplots(figsize=(8, 4.4))
-    width = 0.38
-    for i, name in enumerate(RECIPES):
+    """Per split, a bar for each recipe and decoder (median, IQR whiskers); the recipe's own decoder
+    solid, the other hatched."""
+    fig, ax = plt.subplots(figsize=(9, 4.6))
+    bars = [(name, kind) for name in RECIPES for kind in DECODERS]
+    width = 0.8 / len(bars)
+    for i, (name, kind) in enumerate(bars):
         stats = result["recipes"][name]
-        medians = [stats[f"wer_{s}"]["median"] for s in SPLITS]
-        low = [m - stats[f"wer_{s}"]["iqr"][0] for m, s in zip(medians, SPLITS, strict=True)]
-        high = [stats[f"wer_{s}"]["iqr"][1] - m for m, s in zip(medians, SPLITS, strict=True)]
-        xs = [x + (i - 0.5) * width for x in range(len(SPLITS))]
-        ax.bar(xs, medians, width, yerr=[low, high], capsize=4,
-               label=f"{name} ({stats['epochs']['median']:g} epochs)")
+        own = stats["decoding"] == kind
+        medians = [stats[f"wer_{s}_{kind}"]["median"] for s in SPLITS]
+        low = [m - stats[f"wer_{s}_{kind}"]["iqr"][0] for m, s in zip(medians, SPLITS, strict=True)]
+        high = [stats[f"wer_{s}_{kind}"]["iqr"][1] - m for m, s in zip(medians, SPLITS, strict=True)]
+        xs = [x + (i - (len(bars) - 1) / 2) * width for x in range(len(SPLITS))]
+        ax.bar(xs, medians, width, yerr=[low, high], capsize=3, color=f"C{list(RECIPES).index(name)}",
+               hatch=None if own else "//", alpha=1.0 if own else 0.55,
+               label=f"{name}, {kind}{' (its own)' if own else ''} ({stats['epochs']['median']:g} epochs)")
         for x, m in zip(xs, medians, strict=True):
-            ax.text(x, m, f"{m:.1f}", ha="center", va="bottom", fontsize=8)
+            ax.text(x, m, f"{m:.1f}", ha="center", va="bottom", fontsize=7)
     for s, target in TARGETS.items():
         x = SPLITS.index(s)
         ax.hlines(target, x - 0.45, x + 0.45, color="red", ls=":", lw=1)
     ax.set_xticks(range(len(SPLITS)), ["test (seen voices)", "test-unseen (voices)", "test-unseen-engine"])
     ax.set_ylabel("WER (%), median and IQR")
-    ax.set_title(f"2 gossip learners, {result['wall_seconds']:g} s each; targets dotted", fontsize=9)
-    ax.legend(fontsize=8)
+    ax.set_title(f"2 gossip learners, {result['wall_seconds']:g} s each, {result['repeats']} repeats; "
+                 "targets dotted", fontsize=9)
+    ax.legend(fontsize=7)
     ax.grid(True, axis="y", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -99,8 +127,12 @@ def main() -> int:
     started = time.time()
     interleaved({name: (lambda _r, name=name: run_recipe(name, corpus, args.wall_seconds, details))
                  for name in RECIPES}, repeats=args.repeats)
-    recipes = {name: {key: summary([r[key] for r in runs], 2) for key in runs[0] if runs[0][key] is not None}
+    recipes = {name: {key: summary([r[key] for r in runs], 2) for key in runs[0]
+                      if isinstance(runs[0][key], (int, float)) and not isinstance(runs[0][key], bool)}
                for name, runs in details.items()}
+    for name, runs in details.items():
+        recipes[name]["decoding"] = runs[0]["decoding"]
+        recipes[name]["rescored_as_the_job"] = all(r["rescored_as_the_job"] for r in runs)
     best = min(RECIPES, key=lambda n: recipes[n]["wer_test_unseen_engine"]["median"])
     result = {"benchmark": "generalization", "learners": 2, "group": "gossip", "wall_seconds": args.wall_seconds,
               "repeats": args.repeats, "corpus": json.loads((corpus / "corpus.json").read_text()),

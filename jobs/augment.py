@@ -86,4 +86,5 @@ class Augment:
         if self.config.vtlp_warp is None:
             return 1.0
         low, high = self.config.vtlp_warp
-        return low + (high - low) * float(torch.rand((), generator=utterance_generator(self.seed, epoch, index, "vtlp")))
+        draw = torch.rand((), generator=utterance_generator(self.seed, epoch, index, "vtlp"))
+        return low + (high - low) * float(draw)

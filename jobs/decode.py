@@ -1,10 +1,20 @@
-"""Greedy CTC decoding: best class per frame, collapse repeats, drop blanks."""
+"""CTC decoding: greedy (best class per frame, repeats collapsed, blanks dropped), or a beam search
+constrained to a lexicon (flashlight's, through torchaudio's `ctc_decoder`; no language model), in
+which every hypothesis is a sequence of known words spelled in the model's units."""
 
 from __future__ import annotations
 
+import functools
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
 import torch
 
-from jobs.tokenizer import BLANK, BpeTokenizer, CharTokenizer
+from jobs.sections import DecodingConfig
+from jobs.tokenizer import BLANK, BLANK_NAME, BpeTokenizer, CharTokenizer
+
+Decoder = Callable[[torch.Tensor, torch.Tensor], list[str]]  # (log_probs, lengths) -> one text per utterance
 
 
 def greedy_decode(log_probs: torch.Tensor, lengths: torch.Tensor, tokenizer: CharTokenizer | BpeTokenizer) -> list[str]:
@@ -21,3 +31,46 @@ def greedy_decode(log_probs: torch.Tensor, lengths: torch.Tensor, tokenizer: Cha
         row = torch.unique_consecutive(row[:n])
         texts.append(tokenizer.decode(row[row != BLANK].tolist()))
     return texts
+
+
+class LexiconDecoder:
+    """Beam search over `words` (normalized, e.g. the training transcripts' words), each spelled by
+    `tokenizer`; `beam` hypotheses kept per frame, `word_score` added per word.
+
+    Example:
+        >>> tok = CharTokenizer()
+        >>> log_probs = torch.full((1, 3, tok.vocab_size), -9.0).index_fill_(2, torch.tensor([BLANK]), -3.0)
+        >>> for frame, unit in enumerate(tok.encode("gox")):
+        ...     log_probs[0, frame, unit] = -0.1
+        >>> frames = torch.tensor([3])
+        >>> greedy_decode(log_probs, frames, tok), LexiconDecoder(tok, ["go", "no"])(log_probs, frames)
+        (['gox'], ['go'])
+    """
+
+    def __init__(self, tokenizer: CharTokenizer | BpeTokenizer, words: list[str], beam: int = 10,
+                 word_score: float = 0.0):
+        from torchaudio.models.decoder import ctc_decoder  # flashlight-text underneath
+
+        if not words:
+            raise ValueError("a lexicon decoder needs at least one word")
+        self.words = sorted(set(words))
+        with tempfile.TemporaryDirectory() as folder:
+            lexicon = Path(folder) / "lexicon.txt"
+            lexicon.write_text("".join(f"{w} {' '.join(tokenizer.spell(w))}\n" for w in self.words))
+            self._search = ctc_decoder(lexicon=str(lexicon), tokens=tokenizer.unit_names(), lm=None,
+                                       beam_size=beam, word_score=word_score, blank_token=BLANK_NAME,
+                                       sil_token=tokenizer.word_separator, unk_word="<unk>")
+
+    def __call__(self, log_probs: torch.Tensor, lengths: torch.Tensor) -> list[str]:
+        """(batch, frames, classes) log-probabilities and (batch,) valid frames -> one text each."""
+        best = self._search(log_probs.detach().float().cpu().contiguous(), lengths.cpu().to(torch.int32))
+        return [" ".join(hyps[0].words) if hyps else "" for hyps in best]
+
+
+def build_decoder(config: DecodingConfig, tokenizer: CharTokenizer | BpeTokenizer,
+                  lexicon: Callable[[], list[str]]) -> Decoder:
+    """`config`'s decoder over `tokenizer`'s units; `lexicon()` (asked only by `lexicon` decoding)
+    gives its words."""
+    makers = {"greedy": lambda: functools.partial(greedy_decode, tokenizer=tokenizer),
+              "lexicon": lambda: LexiconDecoder(tokenizer, lexicon(), config.beam, config.word_score)}
+    return makers[config.kind]()

@@ -37,7 +37,8 @@ class Fbank:
         """The mel filterbank (n_freqs, n_mels) evaluated at the warped frequency of each FFT bin."""
         filters = self._mel.mel_scale.fb
         n_freqs = filters.shape[0]
-        position = vtlp_frequencies(torch.linspace(0, SAMPLE_RATE / 2, n_freqs), warp) / (SAMPLE_RATE / 2) * (n_freqs - 1)
+        nyquist = SAMPLE_RATE / 2
+        position = vtlp_frequencies(torch.linspace(0, nyquist, n_freqs), warp) / nyquist * (n_freqs - 1)
         low = position.floor().long().clamp(0, n_freqs - 1)
         high = (low + 1).clamp(max=n_freqs - 1)
         frac = (position - low).unsqueeze(1)

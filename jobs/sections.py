@@ -203,15 +203,40 @@ class OptimConfig(BaseModel):
     max_rollbacks: int = Field(3, ge=0)
 
 
+class DecodingConfig(BaseModel):
+    """How CTC outputs become words in evaluation (`jobs/decode.py`).
+
+    Args:
+        kind: `greedy` (the best unit per frame, repeats collapsed, blanks dropped: any string of
+            units) or `lexicon` (flashlight's beam search through torchaudio's `ctc_decoder`, with
+            no language model: a hypothesis is a sequence of words of the training transcripts,
+            each spelled in the model's units; the word list is saved with checkpoints).
+        beam: hypotheses kept per frame (`lexicon`).
+        word_score: added to a hypothesis's log-probability per word (`lexicon`): above 0 favours
+            more words, below 0 fewer.
+    """
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    kind: Literal["greedy", "lexicon"] = "greedy"
+    beam: int = Field(10, ge=1)
+    word_score: float = 0.0
+
+    @property
+    def uses_lexicon(self) -> bool:
+        """Whether decoding needs a word list (which checkpoints then carry)."""
+        return self.kind in {"lexicon"}
+
+
 class WorkloadConfig(BaseModel):
     """The ASR workload's part of a job spec (`workload: asr`, the default).
 
     Args:
         data: the corpus's splits and how batches are cut.
         features: log-mel filterbanks and SpecAugment.
-        augment: speed, noise and reverberation of training audio.
+        augment: speed, noise, reverberation and vocal tract length of training audio.
         model: the recognizer (BiLSTM or Conformer, CTC) and its units.
         optim: AdamW, its schedule, clipping and rollbacks.
+        decoding: greedy, or a beam search constrained to the training transcripts' words.
     """
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
@@ -220,6 +245,7 @@ class WorkloadConfig(BaseModel):
     augment: AugmentConfig = AugmentConfig()
     model: ModelConfig = ModelConfig()
     optim: OptimConfig = OptimConfig()
+    decoding: DecodingConfig = DecodingConfig()
 
 
 class LinearData(BaseModel):

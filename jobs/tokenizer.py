@@ -16,6 +16,8 @@ import torch
 from jobs.sections import TokenizerConfig
 
 BLANK = 0
+BLANK_NAME = "<blank>"  # the blank's name among `unit_names()`
+WORD_SEPARATOR = "|"  # the space's name among a character tokenizer's `unit_names()`
 ALPHABET = " 'abcdefghijklmnopqrstuvwxyz"
 
 
@@ -50,6 +52,15 @@ class CharTokenizer:
     def decode(self, ids) -> str:
         chars = [self.alphabet[i - 1] for i in (int(i) for i in ids) if 0 < i <= len(self.alphabet)]
         return " ".join("".join(chars).split())
+
+    def unit_names(self) -> list[str]:
+        """Each output class's name, blank first, the space as `WORD_SEPARATOR` (a lexicon's units)."""
+        return [BLANK_NAME] + [WORD_SEPARATOR if ch == " " else ch for ch in self.alphabet]
+
+    def spell(self, word: str) -> list[str]:
+        return list(word)
+
+    word_separator = WORD_SEPARATOR
 
     def state(self) -> dict:
         return {"kind": "char", "alphabet": self.alphabet}
@@ -105,6 +116,16 @@ class BpeTokenizer:
     def decode(self, ids) -> str:
         pieces = [int(i) - 1 for i in ids if 0 < int(i) <= self._sp.get_piece_size()]
         return " ".join(self._sp.decode(pieces).split())
+
+    def unit_names(self) -> list[str]:
+        """Each output class's name, blank first (classes beyond the learnt pieces: `<unused-k>`)."""
+        pieces = [self._sp.id_to_piece(i) for i in range(self._sp.get_piece_size())]
+        return [BLANK_NAME] + pieces + [f"<unused-{k}>" for k in range(self.vocab - len(pieces))]
+
+    def spell(self, word: str) -> list[str]:
+        return self._sp.encode_as_pieces(word)
+
+    word_separator = BLANK_NAME  # a piece's "▁" starts a word; between words there is only blank
 
     def state(self) -> dict:
         return {"kind": "bpe", "vocab": self.vocab, "model": self.model}

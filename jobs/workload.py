@@ -28,12 +28,12 @@ import torch
 
 from jobs.augment import Augment
 from jobs.data import AudioError, DataError, SkipReport, Utterance, load_audio, read_corpus, shard_batches
-from jobs.decode import greedy_decode
+from jobs.decode import Decoder, build_decoder
 from jobs.feature_shards import FeatureShards, is_features_folder
 from jobs.features import Fbank, SpecAugment
 from jobs.models import build_model, ctc_loss
 from jobs.pipeline import FeatureCache, Prefetcher
-from jobs.sections import EVAL_SPLITS, WorkloadConfig
+from jobs.sections import EVAL_SPLITS, OptimConfig, WorkloadConfig
 from jobs.tokenizer import BpeTokenizer, CharTokenizer, build_tokenizer, output_size, tokenizer_from_state
 from jobs.wer import word_error_rate
 
@@ -104,7 +104,9 @@ class Corpus:
         """Utterance `i`'s features: clean, or with `epoch` and an augmentation, augmented for that epoch."""
         if self.augment is not None and epoch is not None:
             waveform = self._cached(i, "waveform", lambda utt: load_audio(utt.path, self.max_seconds))
-            return None if waveform is None else self.fbank(self.augment(waveform, epoch, i), self.augment.warp(epoch, i))
+            if waveform is None:
+                return None
+            return self.fbank(self.augment(waveform, epoch, i), warp=self.augment.warp(epoch, i))
         return self._cached(i, "features", lambda utt: self.shards.read(i) if self.shards
                             else self.fbank(load_audio(utt.path, self.max_seconds)))
 
@@ -210,6 +212,8 @@ class AsrWorkload:
         self.config, self.seed = config, seed
         self._tokenizer: CharTokenizer | BpeTokenizer | None = None
         self._tokenizer_lock = threading.Lock()  # the prefetch thread and the step's may both ask first
+        self._lexicon: list[str] | None = None  # the words a checkpoint carried (decoding.kind: lexicon)
+        self._decoder: Decoder | None = None
         self.augment = Augment(config.augment, seed)
         self.fbank = Fbank(config.features.num_mel_bins)
         self.spec_augment = SpecAugment(config.features)
@@ -233,6 +237,20 @@ class AsrWorkload:
             if self._tokenizer is None:
                 self._tokenizer = build_tokenizer(self.config.model.tokenizer, (u.text for u in self.train.utterances))
             return self._tokenizer
+
+    @property
+    def lexicon(self) -> list[str]:
+        """The words a lexicon decoder may output: those a loaded checkpoint carried, or else the
+        training transcripts' (normalized)."""
+        if self._lexicon is None:
+            self._lexicon = sorted({w for u in self.train.utterances for w in self.tokenizer.normalize(u.text).split()})
+        return self._lexicon
+
+    def decode(self, log_probs: torch.Tensor, lengths: torch.Tensor) -> list[str]:
+        """A batch's texts, decoded as `decoding` says (greedy, or through `lexicon`)."""
+        if self._decoder is None:
+            self._decoder = build_decoder(self.config.decoding, self.tokenizer, lambda: self.lexicon)
+        return self._decoder(log_probs, lengths)
 
     @property
     def train(self) -> Corpus:
@@ -290,13 +308,7 @@ class AsrWorkload:
         return torch.optim.AdamW(model.parameters(), lr=o.lr, weight_decay=o.weight_decay)
 
     def learning_rate(self, step: int, progress: float) -> float:
-        """Rate for optimizer step `step` when `progress` (0..1) of the budget is spent."""
-        o = self.config.optim
-        warm = min(1.0, (step + 1) / max(1, o.warmup_steps))
-        if o.schedule == "constant":
-            return o.lr * warm
-        decay = o.min_lr_ratio + (1 - o.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, max(0.0, progress))))
-        return o.lr * warm * decay
+        return scheduled_lr(self.config.optim, step, progress)
 
     def optimizer_step(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int,
                        progress: float, lr_scale: float = 1.0) -> float:
@@ -358,7 +370,7 @@ class AsrWorkload:
                 log_probs, out_lengths = model(batch.feats, batch.feat_lengths)
             log_probs = log_probs.float()
             loss_sum += ctc_loss(log_probs, out_lengths, batch.targets, batch.target_lengths).item() * batch.size
-            hyps += greedy_decode(log_probs, out_lengths, self.tokenizer)
+            hyps += self.decode(log_probs, out_lengths)
             refs += batch.texts
             n += batch.size
         model.train(was_training)
@@ -369,17 +381,32 @@ class AsrWorkload:
         return self.train.skipped
 
     def state_dict(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> dict:
-        """The model's (and optimizer's) state and the tokenizer's, so a checkpoint decodes with its own units."""
-        return {**model_state(model, optimizer), "tokenizer": self.tokenizer.state()}
+        """The model's (and optimizer's) state and the tokenizer's, so a checkpoint decodes with its own
+        units (and, decoding through a lexicon, its words)."""
+        lexicon = {"lexicon": self.lexicon} if self.config.decoding.uses_lexicon else {}
+        return {**model_state(model, optimizer), "tokenizer": self.tokenizer.state(), **lexicon}
 
     def load_state_dict(self, state: dict, model: torch.nn.Module,
                         optimizer: torch.optim.Optimizer | None = None) -> None:
         load_model_state(state, model, optimizer)
+        self._decoder = None  # the next decode() builds one with what the checkpoint carries
+        if "lexicon" in state:
+            self._lexicon = list(state["lexicon"])
         if "tokenizer" in state:
             with self._tokenizer_lock:
                 self._tokenizer = tokenizer_from_state(state["tokenizer"])
         elif self.config.model.tokenizer.kind != "char":  # checkpoints from before tokenizers were saved are char ones
             raise DataError("this checkpoint carries no BPE units: it was not trained with model.tokenizer.kind: bpe")
+
+
+def scheduled_lr(o: OptimConfig, step: int, progress: float) -> float:
+    """Rate for optimizer step `step` when `progress` (0..1) of the budget is spent: linear warm-up,
+    then constant or cosine decay to `lr * min_lr_ratio`."""
+    warm = min(1.0, (step + 1) / max(1, o.warmup_steps))
+    if o.schedule == "constant":
+        return o.lr * warm
+    decay = o.min_lr_ratio + (1 - o.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, max(0.0, progress))))
+    return o.lr * warm * decay
 
 
 def _device_of(model: torch.nn.Module) -> torch.device:

@@ -250,7 +250,7 @@ def evaluate(checkpoint, data):
     except CheckpointError as exc:
         raise click.ClickException(str(exc)) from None
     cls = workload_class(state["spec"].get("workload", "asr"))
-    raw = {k: state["spec"][k] for k in ("features", "model", "optim")}
+    raw = {k: state["spec"][k] for k in ("features", "model", "optim", "decoding") if k in state["spec"]}
     workload = cls(cls.Config.model_validate({**raw, "data": {
         "train": str(data), "max_batch_seconds": state["spec"]["data"]["max_batch_seconds"]}}))
     model = workload.build_model()

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from jobs.data import read_corpus
-from jobs.tokenizer import BpeTokenizer
+from jobs.tokenizer import BpeTokenizer, normalize
 from orchestrator.checkpoint import load
 from orchestrator.job import TrainingJob
 from tests.conftest import SMALL_MODEL, make_spec, run_cli
@@ -47,7 +47,8 @@ def test_wall_budget_stops_the_job(corpus, tmp_path):
 def test_cli_train_prints_evals_and_summary_last_then_eval_reads_checkpoint(corpus, tmp_path, tokenizer):
     spec = tmp_path / "job.yaml"
     spec.write_text(json.dumps(make_spec(corpus, *SPLITS, data__max_batch_seconds=20, budget__epochs=2,
-                                         model={**SMALL_MODEL, "tokenizer": {"kind": tokenizer, "vocab": 48}})
+                                         model={**SMALL_MODEL, "tokenizer": {"kind": tokenizer, "vocab": 48}},
+                                         decoding={"kind": "lexicon" if tokenizer == "bpe" else "greedy"})
                                .model_dump(mode="json")))  # JSON is YAML
     out = tmp_path / "run"
     proc = run_cli("train", str(spec), "--set", "budget.epochs=1", "--out", str(out))
@@ -61,10 +62,15 @@ def test_cli_train_prints_evals_and_summary_last_then_eval_reads_checkpoint(corp
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["utterances"] == 20 and abs(result["wer"] - summary["wer_test"]) < 1e-6
     # the checkpoint that `chorus eval` read carries the units the run learnt from its training transcripts
-    saved = load(out / "checkpoint.pt").state["tokenizer"]
+    state = load(out / "checkpoint.pt").state
+    saved = state["tokenizer"]
     assert saved["kind"] == tokenizer
-    if tokenizer == "bpe":
-        assert saved["model"] == BpeTokenizer.train([u.text for u in read_corpus(corpus / "train.jsonl")[0]], 48).model
+    if tokenizer == "bpe":  # and, decoding through a lexicon (as `chorus eval` did above), the training words
+        texts = [u.text for u in read_corpus(corpus / "train.jsonl")[0]]
+        assert saved["model"] == BpeTokenizer.train(texts, 48).model
+        assert state["lexicon"] == sorted({w for t in texts for w in normalize(t).split()})
+    else:
+        assert "lexicon" not in state
 
 
 @pytest.mark.unit

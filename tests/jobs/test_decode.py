@@ -1,0 +1,71 @@
+"""Decoding (jobs/decode.py): a lexicon decoder outputs only the training transcripts' words, turns a
+near miss into the word it missed, and a checkpoint carries its words, so a reloaded model decodes
+through the same lexicon whatever data the reader was built on."""
+
+import io
+import json
+
+import pytest
+import torch
+
+from jobs.data import read_corpus
+from jobs.decode import greedy_decode
+from jobs.sections import WorkloadConfig
+from jobs.tokenizer import normalize
+from jobs.workload import AsrWorkload
+
+pytestmark = pytest.mark.unit
+
+UNITS = {"char": {"kind": "char"}, "bpe": {"kind": "bpe", "vocab": 48}}
+
+
+def _workload(train, units: str, kind: str = "lexicon") -> AsrWorkload:
+    return AsrWorkload(WorkloadConfig(data={"train": train, "dev": train.parent / "dev.jsonl", "max_batch_seconds": 10},
+                                      model={"tokenizer": UNITS[units]}, decoding={"kind": kind, "beam": 8}), seed=0)
+
+
+def _emissions(units: list[int], classes: int) -> torch.Tensor:
+    """Log-probabilities that say each of `units` for two frames, then blank for one; blank is every
+    frame's second guess, and anything else unlikely."""
+    frames = torch.tensor([f for unit in units for f in (unit, unit, 0)])
+    log_probs = torch.full((1, len(frames), classes), -8.0)
+    log_probs[..., 0] = -3.0
+    log_probs[0, torch.arange(len(frames)), frames] = -0.05
+    return log_probs.log_softmax(-1)
+
+
+@pytest.mark.parametrize("units", UNITS)
+def test_lexicon_decoding_outputs_training_words_only_and_mends_a_near_miss(corpus, units):
+    w = _workload(corpus / "train.jsonl", units)
+    words = {word for u in read_corpus(corpus / "train.jsonl")[0] for word in normalize(u.text).split()}
+    assert set(w.lexicon) == words
+    model = w.build_model()  # untrained: its guesses are noise, and still only words of the lexicon
+    log_probs, lengths = model(torch.randn(3, 200, 80), torch.tensor([200, 180, 120]))
+    assert all(set(text.split()) <= words for text in w.decode(log_probs, lengths))
+    assert w.evaluate(model, "dev")["utterances"] == 20
+    # a near miss: "forward" heard as "forwarb": greedy writes the non-word, the lexicon the word
+    log_probs = _emissions(w.tokenizer.encode("go forwarb left").tolist(), model.out.out_features)
+    frames = torch.tensor([log_probs.shape[1]])
+    assert greedy_decode(log_probs, frames, w.tokenizer) == ["go forwarb left"]
+    assert w.decode(log_probs, frames) == ["go forward left"]
+
+def test_a_checkpoint_carries_its_lexicon_and_decodes_after_reload(corpus, tmp_path):
+    trained = _workload(corpus / "train.jsonl", "bpe")
+    model = trained.build_model()
+    buffer = io.BytesIO()
+    torch.save(trained.state_dict(model), buffer)
+    # a reader built over two utterances would know only their words
+    lines = (corpus / "train.jsonl").read_text().splitlines()[:2]
+    (tmp_path / "train.jsonl").write_text("\n".join(json.dumps({**json.loads(line), "audio_filepath": str(
+        (corpus / json.loads(line)["audio_filepath"]).resolve())}) for line in lines) + "\n")
+    (tmp_path / "dev.jsonl").write_text((tmp_path / "train.jsonl").read_text())
+    assert set(_workload(tmp_path / "train.jsonl", "bpe").lexicon) < set(trained.lexicon)
+    reader = _workload(tmp_path / "train.jsonl", "bpe")
+    reloaded = reader.build_model()
+    reader.load_state_dict(torch.load(io.BytesIO(buffer.getvalue()), weights_only=True), reloaded)
+    assert reader.lexicon == trained.lexicon
+    model.eval(), reloaded.eval()
+    feats, lengths = torch.randn(4, 300, 80), torch.tensor([300, 260, 200, 150])
+    assert reader.decode(*reloaded(feats, lengths)) == trained.decode(*model(feats, lengths))
+    greedy = _workload(corpus / "train.jsonl", "bpe", kind="greedy")
+    assert "lexicon" not in greedy.state_dict(greedy.build_model())  # greedy decoding needs none
