@@ -4,9 +4,10 @@ Two recipes, `jobs/configs/tiny.yaml` (BiLSTM, characters, no augmentation, gree
 `jobs/configs/conformer.yaml` (Conformer, BPE, speed/noise/reverberation/VTLP, lexicon decoding),
 each trained by 2 gossip learners within the same wall budget (6 minutes, as `make demo`) on the
 same corpus from `chorus synth` with Festival (`--utterances 2000 --seed 0`: espeak-ng and
-Festival's diphone voices in training, Festival's HTS voice only in `test-unseen-engine`). Reported per recipe: WER on `test`
-(seen voices), `test-unseen` (unseen espeak-ng voices) and `test-unseen-engine` (a synthesizer
-never heard), the epochs reached within the budget (so a slow day shows as such) and samples/s.
+Festival's diphone voices in training, Festival's HTS voice only in `test-unseen-engine`).
+Reported per recipe: WER on `test` (seen voices), `test-unseen` (unseen espeak-ng voices) and
+`test-unseen-engine` (a synthesizer never heard), the epochs reached within the budget (so a slow
+day shows as such) and samples/s.
 Each run's final (averaged) model is also scored with both decoders, greedy and the lexicon beam
 search (`decoding.kind`), so what the decoder does is told apart from what the model learnt.
 The recipes run interleaved, `--repeats` times each (one run is one sample: the figures are
