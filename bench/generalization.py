@@ -9,7 +9,9 @@ Reported per recipe: WER on `test` (seen voices), `test-unseen` (unseen espeak-n
 `test-unseen-engine` (a synthesizer never heard), the epochs reached within the budget (so a slow
 day shows as such) and samples/s.
 Each run's final (averaged) model is also scored with both decoders, greedy and the lexicon beam
-search (`decoding.kind`), so what the decoder does is told apart from what the model learnt.
+search (`decoding.kind`), in one unwarped pass, and, where the recipe averages test-time warps
+(`decoding.warps`), its own decoder with them (variant `<kind>_tta`), so what the decoder and the
+warps do is told apart from what the model learnt.
 The recipes run interleaved, `--repeats` times each (one run is one sample: the figures are
 medians with IQRs), each on a fresh local Ray instance.
 
@@ -53,16 +55,28 @@ TARGETS = {"test": 5.0, "test_unseen_engine": 20.0}
 DECODERS = ("greedy", "lexicon")
 
 
+def decoding_variants(spec: JobSpec) -> dict[str, DecodingConfig]:
+    """Each of DECODERS in one unwarped pass, and the recipe's own decoder with its test-time warps
+    (`<kind>_tta`) if it has any."""
+    own = spec.workload_config.decoding
+    variants = {kind: DecodingConfig(**{**own.model_dump(), "kind": kind, "warps": None}) for kind in DECODERS}
+    return {**variants, **({f"{own.kind}_tta": own} if own.warps else {})}
+
+
+def own_variant(spec: JobSpec) -> str:
+    own = spec.workload_config.decoding
+    return f"{own.kind}_tta" if own.warps else own.kind
+
+
 def wer_by_decoder(spec: JobSpec, run: Path) -> dict:
-    """WER on SPLITS of the run's newest checkpoint's averaged model, decoded each way of DECODERS."""
+    """WER on SPLITS of the run's newest checkpoint's averaged model, decoded each way of `decoding_variants`."""
     state = load(run / "checkpoint.pt").state
     wers = {}
-    for kind in DECODERS:
-        decoding = DecodingConfig(**{**spec.workload_config.decoding.model_dump(), "kind": kind})
+    for variant, decoding in decoding_variants(spec).items():
         workload = AsrWorkload(spec.workload_config.model_copy(update={"decoding": decoding}), seed=spec.seed)
         model = workload.build_model()
         workload.load_state_dict(state, model)
-        wers.update({f"wer_{s}_{kind}": round(workload.evaluate(model, s)["wer"], 2) for s in SPLITS})
+        wers.update({f"wer_{s}_{variant}": round(workload.evaluate(model, s)["wer"], 2) for s in SPLITS})
     return wers
 
 
@@ -76,7 +90,8 @@ def run_recipe(name: str, corpus: Path, wall_seconds: float, details: dict) -> f
         ray.shutdown()
     run = {**{f"wer_{s}": summary_.get(f"wer_{s}") for s in SPLITS},
            **{k: summary_[k] for k in ("epochs", "samples_per_s", "wall_s")},
-           "decoding": spec.workload_config.decoding.kind, **wer_by_decoder(spec, WORK / name)}
+           "decoding": own_variant(spec), "variants": list(decoding_variants(spec)),
+           **wer_by_decoder(spec, WORK / name)}
     # the job's own final scores are its checkpoint's, decoded its way
     run["rescored_as_the_job"] = all(run[f"wer_{s}_{run['decoding']}"] == round(run[f"wer_{s}"], 2) for s in SPLITS)
     details.setdefault(name, []).append(run)
@@ -85,10 +100,10 @@ def run_recipe(name: str, corpus: Path, wall_seconds: float, details: dict) -> f
 
 
 def plot(result: dict, path: Path) -> None:
-    """Per split, a bar for each recipe and decoder (median, IQR whiskers); the recipe's own decoder
-    solid, the other hatched."""
-    fig, ax = plt.subplots(figsize=(9, 4.6))
-    bars = [(name, kind) for name in RECIPES for kind in DECODERS]
+    """Per split, a bar for each recipe and decoding variant (median, IQR whiskers); the recipe's own
+    decoding solid, the others hatched."""
+    fig, ax = plt.subplots(figsize=(10, 4.8))
+    bars = [(name, kind) for name in RECIPES for kind in result["recipes"][name]["variants"]]
     width = 0.8 / len(bars)
     for i, (name, kind) in enumerate(bars):
         stats = result["recipes"][name]
@@ -132,7 +147,7 @@ def main() -> int:
                       if isinstance(runs[0][key], (int, float)) and not isinstance(runs[0][key], bool)}
                for name, runs in details.items()}
     for name, runs in details.items():
-        recipes[name]["decoding"] = runs[0]["decoding"]
+        recipes[name]["decoding"], recipes[name]["variants"] = runs[0]["decoding"], runs[0]["variants"]
         recipes[name]["rescored_as_the_job"] = all(r["rescored_as_the_job"] for r in runs)
     best = min(RECIPES, key=lambda n: recipes[n]["wer_test_unseen_engine"]["median"])
     result = {"benchmark": "generalization", "learners": 2, "group": "gossip", "wall_seconds": args.wall_seconds,

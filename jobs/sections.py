@@ -214,12 +214,25 @@ class DecodingConfig(BaseModel):
         beam: hypotheses kept per frame (`lexicon`).
         word_score: added to a hypothesis's log-probability per word (`lexicon`): above 0 favours
             more words, below 0 fewer.
+        warps: test-time augmentation: each evaluated utterance is read at these VTLP warp factors
+            (`augment.vtlp_warp`'s filterbank warp, e.g. `[0.8, 0.9, 1.0, 1.1, 1.2]`) and the model's
+            per-frame posteriors averaged before decoding; one forward pass per warp. Applies to
+            every evaluation (the test splits at the end, `chorus eval`) but `dev`'s, whose passes
+            while training come out of the wall budget. Null: one unwarped pass.
     """
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     kind: Literal["greedy", "lexicon"] = "greedy"
     beam: int = Field(10, ge=1)
     word_score: float = 0.0
+    warps: list[float] | None = Field(None, min_length=1)
+
+    @field_validator("warps")
+    @classmethod
+    def _warp_factors(cls, warps: list[float] | None) -> list[float] | None:
+        if warps is not None and any(not 0.5 <= w <= 2.0 for w in warps):
+            raise ValueError(f"warp factors must lie in [0.5, 2.0], got {warps}")
+        return warps
 
     @property
     def uses_lexicon(self) -> bool:

@@ -100,8 +100,15 @@ class Corpus:
         """Whether utterance `i`'s features are in the cache, or its audio proved unreadable."""
         return i in self._bad or (self._key, i, "features") in self.cache
 
-    def features(self, i: int, epoch: int | None = None) -> torch.Tensor | None:
-        """Utterance `i`'s features: clean, or with `epoch` and an augmentation, augmented for that epoch."""
+    def features(self, i: int, epoch: int | None = None, warp: float = 1.0) -> torch.Tensor | None:
+        """Utterance `i`'s features: clean, or with `epoch` and an augmentation, augmented for that epoch,
+        or read through a filterbank warped by `warp` (test-time augmentation, `decoding.warps`)."""
+        if warp != 1.0:
+            if self.shards is not None:
+                raise DataError(f"decoding.warps needs audio, and {self.source} is a features folder: "
+                                f"switch the warps off or evaluate the audio's manifest")
+            return self._cached(i, f"features@{warp:g}",
+                                lambda utt: self.fbank(load_audio(utt.path, self.max_seconds), warp=warp))
         if self.augment is not None and epoch is not None:
             waveform = self._cached(i, "waveform", lambda utt: load_audio(utt.path, self.max_seconds))
             if waveform is None:
@@ -129,8 +136,8 @@ class Corpus:
             self.cache.put(key, value)
         return value
 
-    def collate(self, indices: list[int], epoch: int | None = None) -> Batch | None:
-        items = [(i, f) for i in indices if (f := self.features(i, epoch)) is not None]
+    def collate(self, indices: list[int], epoch: int | None = None, warp: float = 1.0) -> Batch | None:
+        items = [(i, f) for i in indices if (f := self.features(i, epoch, warp)) is not None]
         if not items:
             return None
         feats = [f for _, f in items]
@@ -351,6 +358,7 @@ class AsrWorkload:
     def evaluate(self, model: torch.nn.Module, source: str | Path) -> dict | None:
         """WER (percent), mean loss and utterance count of `model` on a corpus: one of the spec's
         splits by name (one of `EVAL_SPLITS`; None when the spec has none) or a manifest."""
+        warps = self.config.decoding.warps if source != "dev" and self.config.decoding.warps else [1.0]
         if source in EVAL_SPLITS:
             source = getattr(self.config.data, str(source))
             if source is None:
@@ -362,13 +370,9 @@ class AsrWorkload:
         order = sorted(range(len(corpus)), key=lambda i: corpus.utterances[i].duration)
         budget = self.config.data.max_batch_seconds
         for chunk in _chunks_by_budget(order, corpus.durations, budget):
-            batch = corpus.collate(chunk)
+            batch, log_probs, out_lengths = _posteriors(model, corpus, chunk, warps, self.autocast)
             if batch is None:
                 continue
-            batch = batch.to(_device_of(model))
-            with self.autocast(model):
-                log_probs, out_lengths = model(batch.feats, batch.feat_lengths)
-            log_probs = log_probs.float()
             loss_sum += ctc_loss(log_probs, out_lengths, batch.targets, batch.target_lengths).item() * batch.size
             hyps += self.decode(log_probs, out_lengths)
             refs += batch.texts
@@ -411,6 +415,27 @@ def scheduled_lr(o: OptimConfig, step: int, progress: float) -> float:
 
 def _device_of(model: torch.nn.Module) -> torch.device:
     return next(model.parameters()).device
+
+
+def _posteriors(model: torch.nn.Module, corpus: Corpus, chunk: list[int], warps: list[float],
+                autocast: Callable[[torch.nn.Module], torch.autocast]
+                ) -> tuple[Batch | None, torch.Tensor | None, torch.Tensor | None]:
+    """`chunk` of `corpus` as a batch (None: no utterance readable), the model's (batch, frames,
+    classes) log-posteriors for it, their probabilities averaged over the features read at each of
+    `warps` (a warp keeps the frames), and the valid frames."""
+    batch, outputs, lengths = None, [], None
+    for warp in warps:
+        warped = corpus.collate(chunk, warp=warp)
+        if warped is None:
+            return None, None, None
+        warped = warped.to(_device_of(model))
+        with autocast(model):
+            log_probs, lengths = model(warped.feats, warped.feat_lengths)
+        outputs.append(log_probs.float())
+        batch = warped if batch is None else batch
+    if len(outputs) == 1:
+        return batch, outputs[0], lengths
+    return batch, torch.logsumexp(torch.stack(outputs), dim=0) - math.log(len(outputs)), lengths
 
 
 def _chunks_by_budget(order: list[int], durations: list[float], budget: float) -> Iterator[list[int]]:

@@ -1,16 +1,20 @@
 """Decoding (jobs/decode.py): a lexicon decoder outputs only the training transcripts' words, turns a
 near miss into the word it missed, and a checkpoint carries its words, so a reloaded model decodes
-through the same lexicon whatever data the reader was built on."""
+through the same lexicon whatever data the reader was built on. Test-time warps (`decoding.warps`)
+average the posteriors of each warped reading of an utterance, and leave `dev` alone."""
 
 import io
 import json
 
 import pytest
 import torch
+from pydantic import ValidationError
 
-from jobs.data import read_corpus
+from jobs.data import load_audio, read_corpus
 from jobs.decode import greedy_decode
-from jobs.sections import WorkloadConfig
+from jobs.features import Fbank
+from jobs.models import ctc_loss
+from jobs.sections import DecodingConfig, WorkloadConfig
 from jobs.tokenizer import normalize
 from jobs.workload import AsrWorkload
 
@@ -69,3 +73,28 @@ def test_a_checkpoint_carries_its_lexicon_and_decodes_after_reload(corpus, tmp_p
     assert reader.decode(*reloaded(feats, lengths)) == trained.decode(*model(feats, lengths))
     greedy = _workload(corpus / "train.jsonl", "bpe", kind="greedy")
     assert "lexicon" not in greedy.state_dict(greedy.build_model())  # greedy decoding needs none
+
+
+def test_test_time_warps_average_each_warped_readings_posteriors_and_leave_dev_alone(corpus):
+    warps = [0.85, 1.15]
+    w = AsrWorkload(WorkloadConfig(data={"train": corpus / "train.jsonl", "dev": corpus / "dev.jsonl"},
+                                   decoding={"warps": warps}), seed=0)
+    model = w.build_model().eval()
+    utterances = read_corpus(corpus / "dev.jsonl")[0]
+    fbank = Fbank(w.config.features.num_mel_bins)
+    expected = []  # each utterance alone: the mean of its warped readings' probabilities
+    with torch.no_grad():
+        for u in utterances:
+            wave = load_audio(u.path)
+            outputs = [model(fbank(wave, warp=a)[None], torch.tensor([len(fbank(wave))])) for a in warps]
+            log_probs = torch.logsumexp(torch.stack([lp for lp, _ in outputs]), dim=0) - torch.log(torch.tensor(2.0))
+            target = w.tokenizer.encode(u.text)
+            expected.append(ctc_loss(log_probs, outputs[0][1], target, torch.tensor([len(target)])).item())
+    warped = w.evaluate(model, corpus / "dev.jsonl")  # as the test splits and `chorus eval` are
+    assert warped["utterances"] == len(utterances) == 20
+    assert warped["loss"] == pytest.approx(sum(expected) / len(expected), rel=1e-4)
+    unwarped = AsrWorkload(w.config.model_copy(update={"decoding": DecodingConfig()}), seed=0)
+    assert w.evaluate(model, "dev") == unwarped.evaluate(model, corpus / "dev.jsonl")  # dev while training: one pass
+    assert abs(warped["loss"] - unwarped.evaluate(model, "dev")["loss"]) > 1e-3  # (evaluation is deterministic)
+    with pytest.raises(ValidationError, match=r"warp factors must lie in \[0.5, 2.0\], got \[0.3\]"):
+        DecodingConfig(warps=[0.3])
