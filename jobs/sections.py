@@ -216,9 +216,10 @@ class DecodingConfig(BaseModel):
             more words, below 0 fewer.
         warps: test-time augmentation: each evaluated utterance is read at these VTLP warp factors
             (`augment.vtlp_warp`'s filterbank warp, e.g. `[0.8, 0.9, 1.0, 1.1, 1.2]`) and the model's
-            per-frame posteriors averaged before decoding; one forward pass per warp. Applies to
-            every evaluation (the test splits at the end, `chorus eval`) but `dev`'s, whose passes
-            while training come out of the wall budget. Null: one unwarped pass.
+            per-frame posteriors averaged before decoding (the reported loss is the averaged
+            posteriors'); one forward pass per warp. Applies to every evaluation (the test splits
+            at the end, `chorus eval`) but `dev`'s, whose passes while training come out of the wall
+            budget. Needs the test splits' audio, not a features folder. Null: one unwarped pass.
     """
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)

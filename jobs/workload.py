@@ -37,6 +37,8 @@ from jobs.sections import EVAL_SPLITS, OptimConfig, WorkloadConfig
 from jobs.tokenizer import BpeTokenizer, CharTokenizer, build_tokenizer, output_size, tokenizer_from_state
 from jobs.wer import word_error_rate
 
+WARPS_NEED_AUDIO = "decoding.warps reads each utterance's audio through warped filterbanks"
+WARPS_ADVICE = "set decoding.warps to null (chorus eval: --no-warps) or name the audio's manifest"
 ONEDNN_PRIMITIVES = "32"  # oneDNN's CPU kernels (LSTM, convolutions) the process keeps, one per input shape:
 # its default of 1,024 keeps ~1 MB each, and every batch here has a new (utterances, frames) shape, so a
 # learner grew through its first epoch (bench/data_pipeline.py, 20,000 utterances: 1,262 MB at its end
@@ -103,12 +105,11 @@ class Corpus:
     def features(self, i: int, epoch: int | None = None, warp: float = 1.0) -> torch.Tensor | None:
         """Utterance `i`'s features: clean, or with `epoch` and an augmentation, augmented for that epoch,
         or read through a filterbank warped by `warp` (test-time augmentation, `decoding.warps`)."""
-        if warp != 1.0:
+        if warp != 1.0:  # read once, at the end of a job: not kept
             if self.shards is not None:
-                raise DataError(f"decoding.warps needs audio, and {self.source} is a features folder: "
-                                f"switch the warps off or evaluate the audio's manifest")
-            return self._cached(i, f"features@{warp:g}",
-                                lambda utt: self.fbank(load_audio(utt.path, self.max_seconds), warp=warp))
+                raise DataError(f"{WARPS_NEED_AUDIO}: {self.source} is a features folder; {WARPS_ADVICE}")
+            return self._cached(i, f"features@{warp:g}", lambda utt: self.fbank(
+                load_audio(utt.path, self.max_seconds), warp=warp), keep=False)
         if self.augment is not None and epoch is not None:
             waveform = self._cached(i, "waveform", lambda utt: load_audio(utt.path, self.max_seconds))
             if waveform is None:
@@ -117,8 +118,10 @@ class Corpus:
         return self._cached(i, "features", lambda utt: self.shards.read(i) if self.shards
                             else self.fbank(load_audio(utt.path, self.max_seconds)))
 
-    def _cached(self, i: int, what: str, read: Callable[[Utterance], torch.Tensor]) -> torch.Tensor | None:
-        """`read(utterance i)` through the cache (under `what`); None, the utterance skipped, when unreadable."""
+    def _cached(self, i: int, what: str, read: Callable[[Utterance], torch.Tensor],
+                keep: bool = True) -> torch.Tensor | None:
+        """`read(utterance i)` through the cache (under `what`; kept there if `keep`); None, the
+        utterance skipped, when unreadable."""
         if i in self._bad:
             return None
         key = (self._key, i, what)
@@ -133,11 +136,24 @@ class Corpus:
                 self.skipped.skip(f"{where} ({exc.detail})" if exc.detail else where, exc.reason,
                                   f"{utt.path}:{utt.id}" if self.shards else str(utt.path))
                 return None
-            self.cache.put(key, value)
+            if keep:
+                self.cache.put(key, value)
         return value
 
-    def collate(self, indices: list[int], epoch: int | None = None, warp: float = 1.0) -> Batch | None:
-        items = [(i, f) for i in indices if (f := self.features(i, epoch, warp)) is not None]
+    def collate(self, indices: list[int], epoch: int | None = None) -> Batch | None:
+        return self._batch([(i, f) for i in indices if (f := self.features(i, epoch)) is not None])
+
+    def warped(self, indices: list[int], warps: list[float]) -> list[Batch] | None:
+        """A batch per warp of `warps` (test-time augmentation, `decoding.warps`) of the utterances
+        of `indices` readable at every warp, the same ones in the same order in each; None if none is."""
+        readings = [(i, [self.features(i, warp=warp) for warp in warps]) for i in indices]
+        readable = [(i, feats) for i, feats in readings if all(f is not None for f in feats)]
+        if not readable:
+            return None
+        return [self._batch([(i, feats[k]) for i, feats in readable]) for k in range(len(warps))]
+
+    def _batch(self, items: list[tuple[int, torch.Tensor]]) -> Batch | None:
+        """(utterance index, features) pairs as a padded batch; None for none."""
         if not items:
             return None
         feats = [f for _, f in items]
@@ -272,6 +288,9 @@ class AsrWorkload:
                 corpus = self.corpus(source)
                 if not len(corpus):
                     raise DataError(f"no usable {what} utterances in {source}: {corpus.skipped.describe()}")
+                if what not in {"training", "dev"} and corpus.shards is not None and \
+                        any(w != 1.0 for w in self.config.decoding.warps or []):
+                    raise DataError(f"{WARPS_NEED_AUDIO}: data.{what} ({source}) is a features folder; {WARPS_ADVICE}")
         try:
             self.tokenizer  # noqa: B018 - a BPE model is learnt here first, so a corpus it cannot learn from stops the job now
         except ValueError as exc:
@@ -423,16 +442,15 @@ def _posteriors(model: torch.nn.Module, corpus: Corpus, chunk: list[int], warps:
     """`chunk` of `corpus` as a batch (None: no utterance readable), the model's (batch, frames,
     classes) log-posteriors for it, their probabilities averaged over the features read at each of
     `warps` (a warp keeps the frames), and the valid frames."""
-    batch, outputs, lengths = None, [], None
-    for warp in warps:
-        warped = corpus.collate(chunk, warp=warp)
-        if warped is None:
-            return None, None, None
-        warped = warped.to(_device_of(model))
+    batches = corpus.warped(chunk, warps)
+    if batches is None:
+        return None, None, None
+    batches, outputs = [b.to(_device_of(model)) for b in batches], []
+    for warped in batches:
         with autocast(model):
             log_probs, lengths = model(warped.feats, warped.feat_lengths)
         outputs.append(log_probs.float())
-        batch = warped if batch is None else batch
+    batch = batches[0]
     if len(outputs) == 1:
         return batch, outputs[0], lengths
     return batch, torch.logsumexp(torch.stack(outputs), dim=0) - math.log(len(outputs)), lengths

@@ -239,9 +239,10 @@ def sweep(sweep_path, overrides, out, address, resume):
 @main.command("eval")
 @click.argument("checkpoint", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.argument("data", type=click.Path(exists=True, path_type=Path))
-def evaluate(checkpoint, data):
-    """WER of CHECKPOINT on DATA (a .jsonl manifest, a LibriSpeech-layout or features directory). A run's
-    checkpoint.pt means its newest usable checkpoint."""
+@click.option("--no-warps", is_flag=True, help="One unwarped pass, whatever the checkpoint's decoding.warps says.")
+def evaluate(checkpoint, data, no_warps):
+    """WER of CHECKPOINT on DATA (a .jsonl manifest, a LibriSpeech-layout or features directory), decoded
+    as the checkpoint's spec says. A run's checkpoint.pt means its newest usable checkpoint."""
     from orchestrator.checkpoint import CheckpointError, load
     from orchestrator.workload import workload_class
 
@@ -251,11 +252,16 @@ def evaluate(checkpoint, data):
         raise click.ClickException(str(exc)) from None
     cls = workload_class(state["spec"].get("workload", "asr"))
     raw = {k: state["spec"][k] for k in ("features", "model", "optim", "decoding") if k in state["spec"]}
+    if no_warps and "decoding" in raw:
+        raw["decoding"] = {**raw["decoding"], "warps": None}
     workload = cls(cls.Config.model_validate({**raw, "data": {
         "train": str(data), "max_batch_seconds": state["spec"]["data"]["max_batch_seconds"]}}))
     model = workload.build_model()
     workload.load_state_dict(state, model)
-    result = workload.evaluate(model, data)
+    try:
+        result = workload.evaluate(model, data)
+    except workload.input_error as exc:  # e.g. warps asked of a features folder
+        raise click.ClickException(str(exc)) from None
     if not result["utterances"]:
         raise click.ClickException(f"no usable utterances in {data}: {workload.corpus(data).skipped.describe()}")
     click.echo(f"{data}: WER {result['wer']:.2f}% over {result['utterances']} utterances "

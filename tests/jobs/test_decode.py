@@ -98,3 +98,21 @@ def test_test_time_warps_average_each_warped_readings_posteriors_and_leave_dev_a
     assert abs(warped["loss"] - unwarped.evaluate(model, "dev")["loss"]) > 1e-3  # (evaluation is deterministic)
     with pytest.raises(ValidationError, match=r"warp factors must lie in \[0.5, 2.0\], got \[0.3\]"):
         DecodingConfig(warps=[0.3])
+
+
+def test_an_utterance_unreadable_at_one_warp_leaves_every_warps_batch(corpus, tmp_path):
+    lines = [json.loads(line) for line in (corpus / "dev.jsonl").read_text().splitlines()[:3]]
+    for i, line in enumerate(lines):  # copies of three utterances' audio, each named by its index
+        audio = (corpus / line["audio_filepath"]).resolve()
+        line["audio_filepath"] = str(tmp_path / f"{i}{audio.suffix}")
+        (tmp_path / f"{i}{audio.suffix}").write_bytes(audio.read_bytes())
+    (tmp_path / "dev.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    w = AsrWorkload(WorkloadConfig(data={"train": corpus / "train.jsonl", "dev": tmp_path / "dev.jsonl"}), seed=0)
+    dev = w.corpus(tmp_path / "dev.jsonl")
+    assert dev.collate([0, 1, 2]).size == 3  # clean features, read and kept
+    broken = tmp_path / lines[1]["audio_filepath"].rsplit("/", 1)[1]
+    broken.write_bytes(broken.read_bytes()[:100])  # the file breaks after its clean features were read
+    batches = dev.warped([0, 1, 2], [1.0, 0.9, 1.1])
+    assert [b.ids for b in batches] == [[dev.utterances[0].id, dev.utterances[2].id]] * 3
+    assert [b.feats.shape for b in batches[1:]] == [batches[0].feats.shape] * 2
+    assert dev.skipped.keys == [str(broken)]  # named once, as every skip is

@@ -1,7 +1,8 @@
 """Precomputed features (jobs/feature_shards.py, `chorus features`): a features folder reads as the
 corpus it was made from (same utterances, texts and durations, the same filterbanks to float16's
-precision, the same batches); a spec whose mel bins differ, a shard cut short and an unfinished
-folder each give one line naming the file (and the utterance)."""
+precision, the same batches); a spec whose mel bins differ, a shard cut short, an unfinished
+folder and test-time warps (which need audio) each give one line naming the file (the utterance,
+the split)."""
 
 from __future__ import annotations
 
@@ -48,6 +49,19 @@ def test_mel_bins_other_than_the_specs_are_refused_in_one_line(corpus, tmp_path)
     assert str(err.value) == (f"{tmp_path / 'dev' / INDEX}: features of 40 mel bins, but the spec's "
                               "features.num_mel_bins is 80; run `chorus features --mel-bins 80` or change the spec")
     assert len(_workload(tmp_path / "dev", mel_bins=40).train) == 20
+
+
+def test_test_time_warps_refuse_a_features_folder_as_a_test_split_before_the_job_starts(corpus, tmp_path):
+    write_shards(corpus / "dev.jsonl", tmp_path / "dev")
+    spec = {"train": corpus / "train.jsonl", "dev": tmp_path / "dev", "test": tmp_path / "dev"}
+    warped = AsrWorkload(WorkloadConfig(data=spec, decoding={"warps": [0.9, 1.1]}), seed=0)
+    with pytest.raises(DataError) as err:
+        warped.check_data()
+    assert str(err.value) == ("decoding.warps reads each utterance's audio through warped filterbanks: data.test "
+                              f"({tmp_path / 'dev'}) is a features folder; set decoding.warps to null (chorus eval: "
+                              "--no-warps) or name the audio's manifest")
+    AsrWorkload(WorkloadConfig(data={**spec, "test": corpus / "test.jsonl"}, decoding={"warps": [0.9, 1.1]}),
+                seed=0).check_data()  # dev (evaluated unwarped while training) may be one
 
 
 def test_a_shard_cut_short_skips_its_utterances_naming_them_and_the_rest_train(corpus, tmp_path):

@@ -48,7 +48,8 @@ def test_cli_train_prints_evals_and_summary_last_then_eval_reads_checkpoint(corp
     spec = tmp_path / "job.yaml"
     spec.write_text(json.dumps(make_spec(corpus, *SPLITS, data__max_batch_seconds=20, budget__epochs=2,
                                          model={**SMALL_MODEL, "tokenizer": {"kind": tokenizer, "vocab": 48}},
-                                         decoding={"kind": "lexicon" if tokenizer == "bpe" else "greedy"})
+                                         decoding={"kind": "lexicon", "warps": [0.9, 1.1]} if tokenizer == "bpe"
+                                         else {"kind": "greedy"})
                                .model_dump(mode="json")))  # JSON is YAML
     out = tmp_path / "run"
     proc = run_cli("train", str(spec), "--set", "budget.epochs=1", "--out", str(out))
@@ -61,6 +62,16 @@ def test_cli_train_prints_evals_and_summary_last_then_eval_reads_checkpoint(corp
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["utterances"] == 20 and abs(result["wer"] - summary["wer_test"]) < 1e-6
+    if tokenizer == "bpe":  # test-time warps: `chorus eval` averaged them as the job did; --no-warps reads once
+        once = run_cli("eval", "--no-warps", str(out / "checkpoint.pt"), str(corpus / "test"))
+        assert once.returncode == 0, once.stderr
+        assert abs(json.loads(once.stdout.strip().splitlines()[-1])["loss"] - result["loss"]) > 1e-3
+        assert run_cli("features", str(corpus / "test.jsonl"), "--out", str(tmp_path / "feats")).returncode == 0
+        refused = run_cli("eval", str(out / "checkpoint.pt"), str(tmp_path / "feats"))  # no audio to warp
+        assert refused.returncode == 1 and refused.stderr.strip() == (
+            "Error: decoding.warps reads each utterance's audio through warped filterbanks: "
+            f"{tmp_path / 'feats'} is a features folder; set decoding.warps to null (chorus eval: --no-warps) "
+            "or name the audio's manifest")
     # the checkpoint that `chorus eval` read carries the units the run learnt from its training transcripts
     state = load(out / "checkpoint.pt").state
     saved = state["tokenizer"]
