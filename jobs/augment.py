@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import hashlib
 import math
+from functools import cache
 
 import torch
 import torchaudio.functional as AF
+from torchaudio.transforms import Resample
 
 from jobs.sections import AugmentConfig
 
@@ -45,6 +47,23 @@ def synthetic_rir(rt60_s: float, generator: torch.Generator, sample_rate: int = 
     rir[0] = 1.0
     rir[-n:] += 0.3 * tail / tail.abs().max().clamp_min(1e-8)
     return rir
+
+
+@cache
+def speed_resampler(factor: float, sample_rate: int = SAMPLE_RATE) -> Resample:
+    """Speed perturbation by `factor` as `torchaudio.functional.speed` does it (audio read as if
+    sampled at `factor` times the rate, resampled back), with its filter kernel built once per
+    factor, not once per utterance (which was 80% of a call's time: 0.7 ms of a 1.6 s utterance)."""
+    source = int(factor * sample_rate)
+    gcd = math.gcd(source, sample_rate)
+    return Resample(source // gcd, sample_rate // gcd)
+
+
+def reverberate(wave: torch.Tensor, rir: torch.Tensor) -> torch.Tensor:
+    """`wave` convolved with `rir`, its first len(wave) samples: by FFT at the next power of two
+    (at the exact full length, often a size with a large prime factor, the FFTs took 3x as long)."""
+    n = 1 << (wave.shape[-1] + rir.shape[-1] - 2).bit_length()
+    return torch.fft.irfft(torch.fft.rfft(wave, n) * torch.fft.rfft(rir, n), n)[: wave.shape[-1]]
 
 
 class Augment:
@@ -71,10 +90,10 @@ class Augment:
         if c.speed_factors:
             factor = c.speed_factors[int(torch.randint(len(c.speed_factors), (), generator=speed))]
             if factor != 1.0:
-                out = AF.speed(out, SAMPLE_RATE, factor)[0]
+                out = speed_resampler(factor)(out)
         if uniform(0, 1, room) < c.reverb_prob:
             level = out.pow(2).mean().sqrt()
-            out = AF.fftconvolve(out, synthetic_rir(uniform(*c.reverb_rt60_s, room), room))[: out.shape[-1]]
+            out = reverberate(out, synthetic_rir(uniform(*c.reverb_rt60_s, room), room))
             out = out * (level / out.pow(2).mean().sqrt().clamp_min(1e-8))  # the same loudness as before
         if uniform(0, 1, noise) < c.noise_prob:
             snr_db = torch.tensor([uniform(*c.noise_snr_db, noise)])

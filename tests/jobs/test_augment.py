@@ -3,8 +3,9 @@ utterance), and only training batches see it."""
 
 import pytest
 import torch
+import torchaudio.functional as AF
 
-from jobs.augment import Augment
+from jobs.augment import Augment, reverberate, speed_resampler, synthetic_rir
 from jobs.features import Fbank
 from jobs.sections import AugmentConfig, WorkloadConfig
 from jobs.workload import AsrWorkload
@@ -49,6 +50,18 @@ def test_speed_perturbation_resamples_by_its_factor():
         assert abs(len(out) - len(wave) / factor) <= 2
     factors = {len(Augment(AugmentConfig(speed_factors=[0.9, 1.0, 1.1]))(wave, epoch, 0)) for epoch in range(30)}
     assert len(factors) == 3  # all three are drawn
+
+
+def test_the_fast_paths_compute_what_torchaudios_functions_do():
+    """Speed perturbation with a kernel built once per factor, and reverberation by FFTs of a power
+    of two, against torchaudio's `speed` and `fftconvolve` at odd lengths and every factor in use."""
+    for seconds in (0.73, 1.0, 2.31):
+        wave = _speech_like(seconds, seed=int(seconds * 100))
+        for factor in (0.8, 0.9, 1.1, 1.2):
+            expected = AF.speed(wave, 16_000, factor)[0]
+            assert torch.allclose(speed_resampler(factor)(wave), expected, atol=1e-5)
+        rir = synthetic_rir(0.37, torch.Generator().manual_seed(1))
+        assert torch.allclose(reverberate(wave, rir), AF.fftconvolve(wave, rir)[: len(wave)], atol=1e-5)
 
 
 def test_noise_is_added_at_the_drawn_snr():
