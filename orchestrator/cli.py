@@ -128,6 +128,7 @@ def train(spec_path, overrides, out, address, resume, overwrite):
     from orchestrator.capacity import CapacityTimeout
     from orchestrator.checkpoint import CheckpointError
     from orchestrator.cluster import CapacityError
+    from orchestrator.groups.errors import GroupCannotForm
     from orchestrator.job import TrainingDiverged
     from orchestrator.rundir import RunDirError
     from orchestrator.storage import StorageError
@@ -155,7 +156,7 @@ def train(spec_path, overrides, out, address, resume, overwrite):
         what = "stopped (SIGTERM)" if received and received[-1] == signal.SIGTERM else "interrupted"
         click.echo(f"chorus: {what}, learners released; {where}", err=True)
         sys.exit(128 + (received[-1] if received else signal.SIGINT))
-    except (CheckpointError, RunDirError, StorageError, TrainingDiverged) as exc:
+    except (CheckpointError, RunDirError, StorageError, TrainingDiverged, GroupCannotForm) as exc:
         raise click.ClickException(str(exc)) from None
     except job.workload.input_error as exc:  # a learner's, through Ray: its message, not Ray's traceback
         raise click.ClickException(str(getattr(exc, "cause", exc))) from None

@@ -11,11 +11,15 @@ group forms is dropped, and the group is formed again without it.
 
 from __future__ import annotations
 
+import re
+
+from orchestrator.groups.errors import GroupCannotForm
 from orchestrator.groups.strategies import strategy_for
 from orchestrator.roster import reason
 
 JOIN_TIMEOUT_S = 60.0  # a member that has not joined its group by then (rendezvous takes <= 15 s) is stuck
 MAX_FAILED_FORMS = 5  # failed re-forms in a row in which nobody died: something else is wrong
+SAME_FAILURE_FORMS = 2  # forms in a row in which every member's join failed the same way: it will repeat
 
 
 class Group:
@@ -29,6 +33,7 @@ class Group:
         self.elastic, self.events = elastic, events
         self.strategy = strategy_for(spec, runtime)
         self._failed_forms = 0
+        self._same_failure: tuple[str, int] = ("", 0)  # (every member's join error, forms in a row)
 
     @property
     def name(self) -> str:
@@ -72,9 +77,11 @@ class Group:
         return self._joined(refs)
 
     def _joined(self, joins: dict) -> bool:
-        """Wait (bounded) for every member's join; drop those that died or never answered."""
+        """Wait (bounded) for every member's join; drop those that died or never answered. When
+        every member's join failed the same way and nobody died, SAME_FAILURE_FORMS times in a
+        row, the cause is not a member: `GroupCannotForm` stops the job, naming it."""
         ready = self.runtime.wait(list(joins), num_returns=len(joins), timeout=JOIN_TIMEOUT_S)
-        again = len(ready) < len(joins)
+        again, dropped, failures = len(ready) < len(joins), len(ready) < len(joins), []
         for ref in [r for r in joins if r not in ready]:
             self.elastic.drop(joins[ref], f"stuck: no answer {JOIN_TIMEOUT_S:g} s into joining its group")
         for ref in ready:
@@ -84,13 +91,31 @@ class Group:
                 again = True
                 if self.runtime.is_gone(exc):
                     self.elastic.drop(joins[ref], exc)
+                    dropped = True
                 else:
+                    failures.append(reason(exc))
                     self.events.emit("regroup", f"learner {joins[ref]} could not join its group "
                                      f"({reason(exc)}); forming it again", learner=joins[ref])
+        self._check_repeating(failures if not dropped and len(failures) == len(joins) > 1 else [])
         self._failed_forms = self._failed_forms + 1 if again else 0
         if self._failed_forms > MAX_FAILED_FORMS:
             raise RuntimeError(f"{self.job_id}: the group failed to form {self._failed_forms} times in a row")
         return again
+
+    def _check_repeating(self, failures: list[str]) -> None:
+        """Count forms in a row whose every join failed with one error (numbers aside: ports and
+        addresses differ per member); raise GroupCannotForm at SAME_FAILURE_FORMS."""
+        shapes = {re.sub(r"\d+", "#", f) for f in failures}
+        if len(shapes) != 1:
+            self._same_failure = ("", 0)
+            return
+        shape = shapes.pop()
+        count = self._same_failure[1] + 1 if self._same_failure[0] == shape else 1
+        self._same_failure = (shape, count)
+        if count >= SAME_FAILURE_FORMS:
+            raise GroupCannotForm(
+                f"{self.job_id}: the {self.strategy.name} group cannot form: all {len(failures)} learners failed "
+                f"to join it the same way {count} times in a row, so replacing them would not help: {failures[0]}")
 
     def _drop_silent(self, exc: Exception) -> bool:
         """After `exc` from a call to every member: drop the members that no longer answer a

@@ -24,7 +24,7 @@ from orchestrator.runtime import call
 from orchestrator.state_store import StateStore
 from orchestrator.workload import build_workload
 
-GRAD_TAIL = 3  # slots after the gradients in the flat gradient buffer (`flat_grad_buffer`)
+GRAD_TAIL = 4  # slots after the gradients in the flat gradient buffer (`flat_grad_buffer`)
 
 
 class ReplicaWeights:
@@ -55,6 +55,12 @@ class ReplicaWeights:
             else:
                 self.flat.add_(torch.lerp(active, passive, 0.5).sub_(mine).to(self.device))
                 self.version += 1
+
+    def add_to_weights(self, delta: torch.Tensor) -> None:
+        """Add a flat CPU tensor to the trainable weights (a compressed exchange's move)."""
+        with self.lock:
+            self.flat.add_(delta.to(self.device))
+            self.version += 1
 
     def load_flat_weights(self, flat: torch.Tensor) -> None:
         with self.lock:
@@ -121,10 +127,15 @@ class Learner(ReplicaWeights):
         self.numel = self.flat.numel()
         self.version = 0  # of the weights: every change increments it (a gossip exchange checks it)
         self.group_links = None  # what a group keeps in this process across re-formed groups (gossip's links)
+        self.node_address: str | None = None  # its node's address, which its groups bind to (None: this process only)
         self.learner_id, self.planner = learner_id, planner
         self.lock = threading.Lock()
         self.step = self.samples = self.epoch = self.averages = 0
         self.failed_exchanges = 0  # gossip exchanges lost to a partner that died
+        # what its group communication sent over the network: link payloads, collectives by their
+        # algorithm's count (a ring all-reduce: 2 (n - 1) / n of the buffer); not what stays on a host
+        # (hierarchical's node group, allreduce's host sums)
+        self.sent_bytes = 0
         self.progress = 0.0  # fraction of the job's budget spent, set by the driver
         self.lr_scale = 1.0  # times the scheduled learning rate; halved by each rollback, kept in the state
         self._nan_at: int | None = None  # simulate.nan_loss_at_step (tests only)
@@ -139,6 +150,8 @@ class Learner(ReplicaWeights):
         self.computing_since: float | None = None
         self._stall_s = 0.0  # simulate_stall: the next step hangs this long (tests of the watchdog)
         self.leaving: str | None = None  # why this learner must leave (drain, SIGTERM): it stops at a step's end
+        self.stop_at: float | None = None  # time.time() at which this chunk should end (deadline or chunk time)
+        self.group_stops = False  # a collective's members agreed (in its last step) to end the chunk there
         self._reset_chunk()
 
     # -- data ---------------------------------------------------------------------------------
@@ -157,6 +170,12 @@ class Learner(ReplicaWeights):
         batch = next(self._shard, None)
         self._drawn = self._batches.position if self._batches is not None else 0
         return batch
+
+    def wants_to_stop(self) -> bool:
+        """Whether this learner would end its chunk after the step in flight: its chunk's time is
+        up or it must leave. A member of a collective votes with this (`groups/allreduce.py`), so
+        all members end the chunk after the same step."""
+        return self.leaving is not None or (self.stop_at is not None and time.time() >= self.stop_at)
 
     def batches_left(self) -> int:
         """Planned batches of this epoch's shard not handed out yet."""
@@ -242,7 +261,8 @@ class Learner(ReplicaWeights):
     # -- state --------------------------------------------------------------------------------
     def counters(self) -> dict:
         return {"step": self.step, "samples": self.samples, "epoch": self.epoch, "position": self.position,
-                "averages": self.averages, "failed_exchanges": self.failed_exchanges, "lr_scale": self.lr_scale}
+                "averages": self.averages, "failed_exchanges": self.failed_exchanges, "lr_scale": self.lr_scale,
+                "sent_bytes": self.sent_bytes}
 
     def state(self) -> dict:
         """Model, optimizer and counters: a consistent copy on the CPU, taken under the weight lock."""
@@ -261,6 +281,7 @@ class Learner(ReplicaWeights):
             self.lr_scale = c.get("lr_scale", 1.0)  # a newcomer adopts the group's rate too
             if not adopt:
                 self.samples, self.averages = c["samples"], c.get("averages", 0)
+                self.sent_bytes = c.get("sent_bytes", 0)
                 self.position = c.get("position", 0)  # carry on inside the epoch where the checkpoint was
             self._shard = None
 
@@ -301,7 +322,8 @@ def flat_weight_buffer(params: list[torch.Tensor], device: torch.device) -> torc
 def flat_grad_buffer(params: list[torch.Tensor], device: torch.device) -> torch.Tensor:
     """One flat buffer that every gradient is a view into (as DDP's gradient_as_bucket_view), so
     groups all-reduce it in place without copies; GRAD_TAIL extra slots after the gradients carry
-    what a collective step sums besides them (`groups/allreduce.py`: batches left, batch size, loss)."""
+    what a collective step sums besides them (`groups/allreduce.py`: stop votes, batches left, batch
+    size, loss)."""
     buffer = torch.zeros(sum(p.numel() for p in params) + GRAD_TAIL, device=device)
     offset = 0
     for p in params:
@@ -424,19 +446,32 @@ class LearnerService(SimulatedFaults):
         """Train at `scale` times the scheduled learning rate (the job halves it on a rollback)."""
         self.learner.lr_scale = float(scale)
 
-    def run(self, steps: int, deadline: float | None, max_epochs: int | None, progress: float) -> dict:
-        """Up to `steps` optimizer steps, stopping early at the wall deadline (time.time()) or when
-        this learner has finished `max_epochs` epochs; returns its stats. (A group step at an
-        epoch boundary trains nothing and does not count; two in a row mean an empty shard.)"""
+    def run(self, steps: int, deadline: float | None, max_epochs: int | None, progress: float,
+            seconds: float | None = None) -> dict:
+        """Up to `steps` optimizer steps, stopping early at the wall deadline (time.time()), once
+        the chunk has run `seconds` (after its first step), or when this learner has finished
+        `max_epochs` epochs; returns its stats. (A group step at an epoch boundary trains nothing
+        and does not count; two in a row mean an empty shard.)
+
+        A learner that may stop alone (`stops_alone`: gossip) checks the time before each step. A
+        member of a collective must stop at the same step as its peers: it votes in each step's
+        collective (`Learner.wants_to_stop`) and all of them end the chunk after the first step in
+        which any voted, so a slow link or slow steps never carry a chunk past the deadline by more
+        than one step."""
         from orchestrator.groups import GroupBroken
 
         learner = self.learner
         learner.progress = progress
-        target, idle, broken = learner.step + steps, 0, None
-        if learner.leaving and getattr(self.group, "stops_alone", True):
+        alone = getattr(self.group, "stops_alone", True)
+        ends = [t for t in (deadline, time.time() + seconds if seconds else None) if t is not None]
+        learner.stop_at, learner.group_stops = (min(ends) if ends else None), False
+        target, idle, broken, first = learner.step + steps, 0, None, learner.step
+        if learner.leaving and alone:
             target = learner.step  # a chunk queued before it was told to leave: it leaves instead
         while learner.step < target and idle < 2:
-            if deadline is not None and time.time() >= deadline:
+            if alone and deadline is not None and time.time() >= deadline:
+                break
+            if alone and learner.step > first and learner.wants_to_stop():
                 break
             if max_epochs is not None and learner.epoch >= max_epochs:
                 break
@@ -447,8 +482,9 @@ class LearnerService(SimulatedFaults):
                 broken = str(exc)
                 break
             idle = idle + 1 if learner.step == before else 0
-            if learner.leaving and getattr(self.group, "stops_alone", True):
-                break  # the step in flight is done; a collective's member finishes the chunk its peers run
+            if learner.group_stops or (learner.leaving and alone):
+                break  # the members of a collective agreed to end here; one that may stop alone leaves
+        learner.stop_at = None
         return {**learner.take_stats(), "broken": broken, "leaving": learner.leaving}
 
     def mix(self, rounds: int) -> int:
@@ -464,10 +500,10 @@ class LearnerService(SimulatedFaults):
         self.learner.load_flat_weights(flat + scale * torch.randn(flat.shape, generator=gen))
 
     @ray.method(concurrency_group="links")
-    def open_link(self, key: str, address: str) -> None:
+    def open_link(self, key: str, address: str, compression: str = "none", interface: str | None = None) -> None:
         """An active gossip partner opens a link to this learner (`groups/links.py`): this side
         joins its rendezvous in a thread and serves its exchanges there."""
-        self.passive_links.open(key, address)
+        self.passive_links.open(key, address, compression, interface)
 
     @ray.method(concurrency_group="mix")
     def average(self, other: torch.Tensor) -> torch.Tensor:
@@ -539,6 +575,7 @@ class _LearnerProcess(LearnerService):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        self.learner.node_address = ray.util.get_node_ip_address()
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._on_sigterm)
 

@@ -47,10 +47,13 @@ class HeadNode:
     real raylets on this machine as the cluster's demand asks; see `fake_cluster_config`),
     env (more environment for the head's processes, e.g. the autoscaler's settings),
     dashboard (run Ray's dashboard, which also serves the Jobs API and writes the Prometheus
-    config; a head for the autoscaler alone does without its dozen processes)."""
+    config; a head for the autoscaler alone does without its dozen processes), node_ip (the
+    address the head listens and advertises on: loopback, or a bridge's for `testing.hosts`),
+    system_config (Ray's `--system-config` besides metrics every second), object_store_bytes."""
 
     def __init__(self, cpus: int = 3, token: bool = True, autoscaling: dict | None = None, env: dict | None = None,
-                 dashboard: bool = True):
+                 dashboard: bool = True, node_ip: str = "127.0.0.1", system_config: dict | None = None,
+                 object_store_bytes: int | None = None):
         self.temp_dir = Path(tempfile.mkdtemp(prefix="chorus-head-", dir="/tmp"))  # short: Ray's socket paths
         self.token_file = self.temp_dir / "auth_token"
         self.env = {**os.environ, "PATH": f"{BIN}:{os.environ.get('PATH', '')}", "RAY_AUTH_MODE": "disabled",
@@ -59,17 +62,22 @@ class HeadNode:
             self.token_file.write_text(secrets.token_hex(16))
             self.env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(self.token_file))
         self.dashboard_port, self.gcs_port, client_port, agent_port = free_ports(4)
-        self.address = f"http://127.0.0.1:{self.dashboard_port}"
-        command = [str(BIN / "ray"), "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(self.gcs_port),
-                   "--dashboard-host", "127.0.0.1", "--dashboard-port", str(self.dashboard_port),
+        self.node_ip = node_ip
+        self.address = f"http://{node_ip}:{self.dashboard_port}"
+        self.gcs_address = f"{node_ip}:{self.gcs_port}"
+        command = [str(BIN / "ray"), "start", "--head", "--node-ip-address", node_ip, "--port", str(self.gcs_port),
+                   "--dashboard-host", node_ip, "--dashboard-port", str(self.dashboard_port),
                    "--include-dashboard", str(dashboard).lower(), "--ray-client-server-port", str(client_port),
                    # not Ray's default 52365: another Ray node on this machine may hold it, and a job
                    # agent that cannot listen takes no job ("No available agent to submit job")
                    "--dashboard-agent-listen-port", str(agent_port),
                    "--num-cpus", str(cpus), "--temp-dir", str(self.temp_dir), "--disable-usage-stats",
-                   "--system-config", json.dumps({"metrics_report_interval_ms": 1000}, allow_nan=False)]
+                   "--system-config", json.dumps({"metrics_report_interval_ms": 1000, **(system_config or {})},
+                                                 allow_nan=False)]
+        if object_store_bytes is not None:
+            command += ["--object-store-memory", str(object_store_bytes)]
         if autoscaling is not None:
-            config = fake_cluster_config(autoscaling, f"127.0.0.1:{self.gcs_port}")
+            config = fake_cluster_config(autoscaling, self.gcs_address)
             config_path = self.temp_dir / "autoscaling.json"
             config_path.write_text(json.dumps(config, allow_nan=False))
             command.append(f"--autoscaling-config={config_path}")

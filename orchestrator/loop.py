@@ -19,6 +19,7 @@ from orchestrator.checkpoint import LATEST
 from orchestrator.watchdog import HEARTBEAT_EVERY_S
 
 CHUNK_STEPS = 8  # steps per `run` call: how often the driver looks at budget and evaluations
+CHUNK_SECONDS = 10.0  # ... or after this long, whichever comes first (slow steps: a slow link, a big model)
 ROUND_LEARNERS = 16  # a lockstep round of more learners runs longer chunks (CHUNK_STEPS per 16 learners):
 # the driver's work between rounds (gathering every answer, sending every call) grows with the
 # learners, and all of them wait for it, so the round grows with it and the waiting stays a flat share
@@ -144,16 +145,17 @@ class TrainLoop:
         """A learner's chunks still queued (it is being dropped: they would only fail)."""
         self.pending = {ref: i for ref, i in self.pending.items() if i != learner_id}
 
-    def _dispatch(self, slot, own_deadline: bool) -> None:
+    def _dispatch(self, slot) -> None:
+        """The learner's next chunk: at most so many steps or CHUNK_SECONDS, ending by the
+        deadline (the members of a collective agree on the step at which they end it)."""
         steps = chunk_steps(self.job.group.lockstep, len(self.job.roster), bool(self.job.roster.arriving))
-        ref = slot.handle.run.remote(steps, self.deadline if own_deadline else None, self.budget.epochs,
-                                     self.progress())
+        ref = slot.handle.run.remote(steps, self.deadline, self.budget.epochs, self.progress(), CHUNK_SECONDS)
         self.pending[ref] = slot.id
 
     def _dispatch_free(self) -> None:
         """Free-running learners get their next chunks (a lone one: QUEUED_CHUNKS in flight). The
         learners of a hierarchical node share a collective: they run one chunk at a time, together
-        (same steps, no deadline of their own), or one left out would keep its peers waiting."""
+        (same steps, ending at the same step), or one left out would keep its peers waiting."""
         if self.reform:
             return
         in_flight, roster = Counter(self.pending.values()), self.job.roster
@@ -163,7 +165,7 @@ class TrainLoop:
             while slots and all(in_flight[s.id] < depth and s.in_group and not s.leaving and not self.done(s.stats)
                       for s in slots):
                 for slot in slots:
-                    self._dispatch(slot, own_deadline=len(slots) == 1)
+                    self._dispatch(slot)
                     in_flight[slot.id] += 1
 
     def _any_back(self) -> tuple[list, list]:
@@ -183,7 +185,7 @@ class TrainLoop:
         few seconds."""
         runtime, roster = self.job.runtime, self.job.roster
         for slot in roster.slots():
-            self._dispatch(slot, own_deadline=False)
+            self._dispatch(slot)
         if not runtime.distributed:
             return runtime.gather(self.pending)
         results, failed = [], []

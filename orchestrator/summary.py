@@ -8,10 +8,12 @@ from orchestrator import strict_json
 
 def summarize(job, train_wall: float, wall: float, first_loss: float | None) -> dict:
     """The summary of a finished `TrainingJob`: final scores (scored now), the last evaluation,
-    counts, timings, events, recoveries, nodes and accelerators, skipped inputs, the checkpoint."""
+    counts, timings, bytes its learners sent, events, recoveries, nodes and accelerators, skipped
+    inputs, the checkpoint."""
     finals = job.snapshots.finals()
     last = job.evals[-1] if job.evals else {}
     samples = job.roster.samples()
+    sent = {str(i): slot.stats.get("sent_bytes", 0) for i, slot in sorted(job.roster.live.items())}
     events: dict[str, int] = {}
     for event in job.events.recorded:
         events[event["kind"]] = events.get(event["kind"], 0) + 1
@@ -32,6 +34,9 @@ def summarize(job, train_wall: float, wall: float, first_loss: float | None) -> 
         "learners": len(job.roster),
         "group": job.group.name,
         "consensus_distance": last.get("consensus_distance"),
+        "compression": job.spec.group.compression,
+        "sent_bytes": sent,  # per live learner: what its group communication sent over the run
+        "sent_bytes_per_s": round(sum(sent.values()) / max(train_wall, 1e-9)),
         "events": events,
         "recoveries": job.recoveries,
         "nodes": job.elastic.nodes_used(),

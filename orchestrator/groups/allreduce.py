@@ -2,8 +2,10 @@
 (`nccl` on GPUs, `gloo` otherwise), weighted by each learner's batch size, so unequal per-learner
 batches give exactly the gradient of their union.
 
-One flat all-reduce per step, after backward, carries the size-weighted gradients, the summed
-batches the shards have left, the summed batch sizes and the summed losses. With `bucket_bytes`
+One flat all-reduce per step, after backward, carries the size-weighted gradients, the members'
+votes to end the chunk after this step (their time is up, or one must leave: all stop together,
+`LearnerService.run`), the summed batches the shards have left, the summed batch sizes and the
+summed losses. With `bucket_bytes`
 the gradients instead go in buckets that start during backward (`overlap.py`, as DDP): measured
 faster, but not the default, because a kill can then stall the group's re-forming until the
 collective timeout (see `overlap.py`). A learner whose shard is used up contributes zeros. When
@@ -26,6 +28,8 @@ import torch
 import torch.distributed as dist
 
 from orchestrator.groups.errors import GroupBroken
+from orchestrator.groups.host_reduce import HostReduce, ring_bytes
+from orchestrator.groups.network import bind_to
 from orchestrator.groups.overlap import GradientBuckets
 from orchestrator.learner import GRAD_TAIL
 
@@ -37,34 +41,53 @@ class AllreduceMember:
     backend: `gloo` or `nccl`.
     bucket_bytes: gradient bytes per all-reduce bucket started during backward (`overlap.py`);
         None (the default): one all-reduce after backward.
+    interface: the network interface the group uses (`group.interface`); None: the one that
+        holds the learner's node address (`network.bind_to`).
+    hosts: every host's ranks (`host_reduce.hosts_of`): the sum is taken host by host
+        (`host_reduce.py`); None: one flat all-reduce.
+    compression: how the sum crosses between hosts (`group.compression`: `none`, `bf16`, `int8`).
     """
 
     lockstep = True
     stops_alone = False
 
     def __init__(self, rank: int, world_size: int, address: str, backend: str = "gloo", timeout_s: float = 120,
-                 bucket_bytes: int | None = None):
+                 bucket_bytes: int | None = None, interface: str | None = None,
+                 hosts: list[list[int]] | None = None, compression: str = "none"):
         self.rank, self.world_size, self.address, self.backend = rank, world_size, address, backend
-        self.timeout_s, self.bucket_bytes = timeout_s, bucket_bytes
+        self.timeout_s, self.bucket_bytes, self.interface = timeout_s, bucket_bytes, interface
+        self.hosts, self.compression = hosts, compression
         self.buckets: GradientBuckets | None = None  # made in the learner's process
+        self.by_host: HostReduce | None = None  # likewise
 
     def setup(self, learner) -> None:
-        join_process_group(self.backend, self.address, self.rank, self.world_size, self.timeout_s)
+        join_process_group(self.backend, self.address, self.rank, self.world_size, self.timeout_s,
+                           node_address=learner.node_address, interface=self.interface)
         broadcast_weights(learner, self.rank)
         broadcast_counters(learner, self.rank)
         if self.bucket_bytes:
             self.buckets = GradientBuckets(learner.params, learner.flat_grads(), self.bucket_bytes, collective)
+        elif self.compression != "none" or (self.hosts and 1 < len(self.hosts) < self.world_size):
+            self.by_host = HostReduce(self.rank, self.hosts or [[r] for r in range(self.world_size)],
+                                      self.compression, collective, self.timeout_s)
 
     def step(self, learner) -> None:
         size = reduce_gradients(learner, learner.next_batch(), self.buckets)
+        buffer = learner.grad_buffer
         if self.buckets is None:
             device_settled(learner, compute_only=True)
             start = time.perf_counter()
             with learner.waiting_on_group():
-                collective(dist.all_reduce, learner.grad_buffer)
+                if self.by_host is not None:
+                    learner.sent_bytes += self.by_host.sum(buffer)
+                else:
+                    collective(dist.all_reduce, buffer)
+                    learner.sent_bytes += ring_bytes(buffer.numel() * buffer.element_size(), self.world_size)
                 device_settled(learner)
             learner.comm_s += time.perf_counter() - start
-        apply_reduced_gradients(learner, learner.grad_buffer, size)
+        else:
+            learner.sent_bytes += ring_bytes(buffer.numel() * buffer.element_size(), self.world_size)
+        apply_reduced_gradients(learner, buffer, size)
 
     def close(self) -> None:
         if self.buckets is not None:
@@ -80,18 +103,26 @@ CONNECT_PACING_S = 0.01  # rank r connects to rank 0's store r x this late: when
 
 
 def join_process_group(backend: str, address: str, rank: int, world_size: int, timeout_s: float,
-                       place: int | None = None) -> None:
-    """Leave any process group this process is in and join a new one (blocks until all ranks have,
-    at most RENDEZVOUS_TIMEOUT_S; `timeout_s` bounds each collective after that). `place`: this
-    member's place among everyone who joins a group at this moment (default: its rank), which
-    paces its connection (CONNECT_PACING_S)."""
+                       place: int | None = None, node_address: str | None = None,
+                       interface: str | None = None) -> None:
+    """Leave any process group this process is in and join a new one (blocks until all ranks have
+    met and connected, at most RENDEZVOUS_TIMEOUT_S each; `timeout_s` bounds each collective after
+    that). The group's connections go over `interface`, or the one holding `node_address` (this
+    learner's node's address: `network.bind_to`). `place`: this member's place among everyone who
+    joins a group at this moment (default: its rank), which paces its connection
+    (CONNECT_PACING_S)."""
     leave_process_group()
     host, port = address.rsplit(":", 1)
+    if node_address is not None or interface is not None:
+        bind_to(node_address, interface, peer=host)
     time.sleep((rank if place is None else place) * CONNECT_PACING_S)
     store = dist.TCPStore(host, int(port), world_size, is_master=rank == 0,
                           timeout=timedelta(seconds=RENDEZVOUS_TIMEOUT_S))
+    # connecting to every peer is bounded by the rendezvous's timeout (a peer that advertised an
+    # address nobody can reach fails the join in seconds, not after the collectives' timeout)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=timeout_s))
+                            timeout=timedelta(seconds=RENDEZVOUS_TIMEOUT_S))
+    dist.distributed_c10d.set_timeout(timedelta(seconds=timeout_s))
 
 
 def leave_process_group() -> None:
@@ -148,7 +179,8 @@ def reduce_gradients(learner, batch, buckets: GradientBuckets | None) -> int:
             loss = learner.forward_backward(batch)  # its gradient hooks start the buckets
             if buckets is None:
                 buf[:-GRAD_TAIL].mul_(size)
-        buf[-3], buf[-2], buf[-1] = float(learner.batches_left()), float(size), loss * size
+        buf[-4], buf[-3] = float(learner.wants_to_stop()), float(learner.batches_left())
+        buf[-2], buf[-1] = float(size), loss * size
         if buckets is not None:
             device_settled(learner, compute_only=True)
             start = time.perf_counter()
@@ -177,7 +209,9 @@ def device_settled(learner, compute_only: bool = False) -> None:
 
 def apply_reduced_gradients(learner, buf: torch.Tensor, size: int) -> None:
     """After the all-reduce: the mean gradient of the union of everyone's batches, applied; then,
-    when no shard has a batch left (or nobody had one), the start of the next epoch."""
+    when no shard has a batch left (or nobody had one), the start of the next epoch. When any
+    member voted to end the chunk, every member ends it after this step (`learner.group_stops`)."""
+    learner.group_stops = float(buf[-4]) > 0
     left, total = float(buf[-3]), float(buf[-2])
     if total > 0:
         buf[:-GRAD_TAIL].div_(total)

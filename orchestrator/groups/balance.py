@@ -1,5 +1,6 @@
-"""What measured speeds imply for a group: each allreduce learner's share of a step's batch
-(`batch_shares`) and the gossip ring order (`ring_by_speed`). Pure functions of the speeds."""
+"""What measured speeds and hosts imply for a group: each allreduce learner's share of a step's
+batch (`batch_shares`) and the gossip ring order (`ring_by_speed`, `ring_by_host`). Pure functions
+of the speeds and hosts."""
 
 from __future__ import annotations
 
@@ -64,3 +65,30 @@ def ring_by_speed(speeds: dict[int, float]) -> list[int]:
     half = (len(by_speed) + 1) // 2
     actives, passives = by_speed[:half], by_speed[half:]
     return [(actives if k % 2 == 0 else passives).pop(0) for k in range(len(by_speed))]
+
+
+def ring_by_host(hosts: dict[int, str], speeds: dict[int, float] | None = None) -> list[int]:
+    """A gossip ring order (learner ids) in which the learners of one host (`hosts`: learner id ->
+    host) sit next to each other, hosts in the order of their lowest learner id: a ring crosses
+    between hosts only once per host, so most pairs of partners are on one host. With `speeds`,
+    the faster learners of each host take its active (even) positions.
+
+    Example:
+        >>> ring_by_host({0: "a", 1: "b", 2: "a", 3: "b"})
+        [0, 2, 1, 3]
+        >>> ring_by_host({0: "a", 1: "a", 2: "b", 3: "b"}, {0: 10.0, 1: 30.0, 2: 20.0, 3: 5.0})
+        [1, 0, 2, 3]
+    """
+    by_host: dict[str, list[int]] = {}
+    for learner_id in sorted(hosts):
+        by_host.setdefault(hosts[learner_id], []).append(learner_id)
+    order: list[int] = []
+    for members in by_host.values():
+        if speeds is not None:
+            members = sorted(members, key=lambda i: -speeds[i])
+            slots = list(range(len(order), len(order) + len(members)))
+            even = [k for k in slots if k % 2 == 0]  # active positions take the fastest first
+            placed = dict(zip(even + [k for k in slots if k % 2 == 1], members, strict=True))
+            members = [placed[k] for k in slots]
+        order.extend(members)
+    return order

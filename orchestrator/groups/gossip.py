@@ -1,14 +1,16 @@
 """AD-PSGD on a ring (Lian et al., ICML 2018; Zhang et al., ICASSP 2019).
 
-Learners at even ring positions are active, odd ones passive. After each local step an active
+Learners at even ring positions are active, odd ones passive. With each local step an active
 learner averages its weights with a randomly chosen passive neighbour over a direct link
 (`links.py`); the passive side serves it in a thread of its own while it computes, and both end
 with the same mean (a passive whose own step landed meanwhile keeps that step on top of it). The
-exchange overlaps the active learner's next gradient computation (delay-by-one): the gradient
-computed on the pre-average weights is applied to the mean. There is no global barrier, and on a
-ring of odd size the last active position still has a passive neighbour, so every learner keeps
-mixing. A partner that has died costs its neighbour that one exchange (counted in
-`failed_exchanges`), never an error or a hang.
+exchange overlaps the active learner's gradient computation (delay-by-one): the gradient computed
+on the pre-average weights is applied to the mean. On a link slower than the learner's steps the
+exchange runs on across steps and is settled when its bytes have arrived, while the learner mixes
+with its other partner meanwhile (as AD-PSGD's communication thread, Lian et al.). There is no
+global barrier, and on a ring of odd size the last active position still has a passive
+neighbour, so every learner keeps mixing. A partner that has died costs its neighbour that one
+exchange (counted in `failed_exchanges`), never an error or a hang.
 """
 
 from __future__ import annotations
@@ -32,13 +34,17 @@ class GossipMember:
     position: this learner's place on the ring.
     partners: actor handles of its passive neighbours (empty for passive learners).
     seed: for the choice of partner.
+    compression: `group.compression` of its links (`none`, `bf16`, `int8`).
+    interface: `group.interface` of its links (None: its node address's).
     """
 
     lockstep = False
     stops_alone = True
 
-    def __init__(self, position: int, partners: list, seed: int = 0):
+    def __init__(self, position: int, partners: list, seed: int = 0, compression: str = "none",
+                 interface: str | None = None):
         self.position, self.partners = position, partners
+        self.compression, self.interface = compression, interface
         self._rng = random.Random(seed * 1_000_003 + position)
         self._links = None  # this process's ActiveLinks, once this member has used them
 
@@ -52,43 +58,56 @@ class GossipMember:
         if batch is None:
             return
         exchange = self.start_exchange(learner)
+        started = time.perf_counter()
         loss = learner.forward_backward(batch)  # overlaps the exchange
-        self.finish_exchange(learner, exchange)
+        self.finish_exchange(learner, exchange, time.perf_counter() - started)
         learner.apply_step(loss, batch.size)
 
     def mix(self, learner) -> None:
-        """One exchange without a gradient step (tests and consensus checks)."""
-        self.finish_exchange(learner, self.start_exchange(learner))
+        """One exchange without a gradient step, waited for (tests and consensus checks)."""
+        self.start_exchange(learner)
+        if learner.group_links is not None:
+            with learner.waiting_on_group():
+                self._count(learner, learner.group_links.settle_all(learner))
 
     def start_exchange(self, learner):
-        """Start averaging with a randomly chosen partner; what `finish_exchange` takes."""
+        """Settle the exchanges that arrived since the last step, then start averaging with a
+        randomly chosen partner whose link is free; returns that exchange in flight (None: no
+        partner, every link busy, or no link could be had: a lost exchange)."""
         links = learner.group_links
         if links is None and not self.partners:
             return None
-        if links is None:
-            links = learner.group_links = ActiveLinks()
+        if links is None or (links.codec.name, links.interface) != (self.compression, self.interface):
+            if links is not None:
+                links.close()
+            links = learner.group_links = ActiveLinks(self.compression, self.interface)
         self._links = links
         started = time.perf_counter()
         with learner.waiting_on_group():  # closing and opening links wait for partners
             links.keep_only(self.partners)  # a re-formed ring: links to former partners close
-            pending = links.start(learner, self._rng.choice(self.partners)) if self.partners else None
+            self._count(learner, links.settle(learner))
+            free = [p for p in self.partners if not links.busy(p)]
+            pending = links.start(learner, self._rng.choice(free)) if free else None
         learner.comm_s += time.perf_counter() - started
-        if not self.partners:
-            return None
-        return ("exchange", pending)  # pending is None when no link could be had: a lost exchange
+        if free and pending is None:  # no link could be had: this step goes unmixed
+            learner.failed_exchanges += 1
+        return pending
 
-    @staticmethod
-    def finish_exchange(learner, exchange) -> None:
-        if exchange is None:
+    def finish_exchange(self, learner, exchange, compute_s: float = 0.0) -> None:
+        """After the step's computation: the exchange this step started, waited for while its link
+        keeps up (`links.ActiveLinks.settle`), and any other that has arrived."""
+        if learner.group_links is None:
             return
         waited = time.perf_counter()
         with learner.waiting_on_group():
-            mixed = learner.group_links.finish(learner, exchange[1])
+            self._count(learner, learner.group_links.settle(learner, exchange, compute_s))
         learner.comm_s += time.perf_counter() - waited
-        if mixed:  # the passive partner now holds the same mean
-            learner.averages += 1
-        else:  # the partner (or its node) died: this step goes unmixed
-            learner.failed_exchanges += 1
+
+    @staticmethod
+    def _count(learner, settled: tuple[int, int]) -> None:
+        mixed, lost = settled
+        learner.averages += mixed  # the passive partner holds the same mean (or the opposite move)
+        learner.failed_exchanges += lost  # the partner (or its node, or its link) went away meanwhile
 
     def close(self) -> None:
         if self._links is not None:

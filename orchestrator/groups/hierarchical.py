@@ -5,8 +5,9 @@ to their node.
 Per step, on every node: the leader (if active on the leaders' ring) starts averaging with a
 passive leader, every member computes its gradient meanwhile, the node allreduces the
 size-weighted gradients (one all-reduce after backward: see `overlap.py`), the leader takes the
-mean from the exchange, broadcasts its weights to the node, and every member applies the same
-gradient, so a node's replicas stay identical. Each node's process group is its own
+mean from the exchange (on a link slower than the node's steps, from an exchange of an earlier
+step once its bytes have arrived: `links.py`), broadcasts its weights to the node, and every
+member applies the same gradient, so a node's replicas stay identical. Each node's process group is its own
 torch.distributed world; nodes never wait for each other.
 """
 
@@ -34,20 +35,23 @@ class HierarchicalMember:
     node_rank, node_size: this learner's place in its node's group (rank 0 leads).
     node_address: `host:port` of the node leader's rendezvous.
     leader: the leaders' gossip member (for node_rank 0; None otherwise).
+    interface: the network interface of the node's group (`group.interface`; None: the node address's).
     """
 
     lockstep = False  # nodes run free; inside a node the collective keeps members in step
     stops_alone = False
 
     def __init__(self, node_rank: int, node_size: int, node_address: str, leader: GossipMember | None,
-                 backend: str = "gloo", timeout_s: float = 120, place: int | None = None):
+                 backend: str = "gloo", timeout_s: float = 120, place: int | None = None,
+                 interface: str | None = None):
         self.node_rank, self.node_size, self.node_address = node_rank, node_size, node_address
         self.leader, self.backend, self.timeout_s, self.place = leader, backend, timeout_s, place
+        self.interface = interface
 
     def setup(self, learner) -> None:
         if self.node_size > 1:
             join_process_group(self.backend, self.node_address, self.node_rank, self.node_size, self.timeout_s,
-                               self.place)
+                               self.place, node_address=learner.node_address, interface=self.interface)
             broadcast_weights(learner, self.node_rank)
             broadcast_counters(learner, self.node_rank)
         else:
@@ -55,6 +59,7 @@ class HierarchicalMember:
 
     def step(self, learner) -> None:
         exchange = self.leader.start_exchange(learner) if self.leader is not None else None
+        computing = time.perf_counter()
         size = reduce_gradients(learner, learner.next_batch(), None)  # this member's, size-weighted
         device_settled(learner, compute_only=True)
         comm_before, started = learner.comm_s, time.perf_counter()
@@ -62,7 +67,7 @@ class HierarchicalMember:
             if self.node_size > 1:
                 collective(dist.all_reduce, learner.grad_buffer)
             if self.leader is not None:
-                self.leader.finish_exchange(learner, exchange)
+                self.leader.finish_exchange(learner, exchange, started - computing)
             if self.node_size > 1:
                 broadcast_weights(learner, self.node_rank)
             device_settled(learner)

@@ -12,9 +12,10 @@ Strategies see learners as the roster's slots (handles, nodes, speeds), never sp
 from __future__ import annotations
 
 from orchestrator.groups.allreduce import AllreduceMember
-from orchestrator.groups.balance import batch_shares, ring_by_speed
+from orchestrator.groups.balance import batch_shares, ring_by_host, ring_by_speed
 from orchestrator.groups.gossip import GossipMember, ring_partners
 from orchestrator.groups.hierarchical import HierarchicalMember
+from orchestrator.groups.host_reduce import hosts_of
 
 REBALANCE_CHANGE = 0.1  # rebalance when a learner's share would move by more than this fraction
 # (gossip: when a passive learner is more than twice this fraction faster than an active one)
@@ -34,6 +35,7 @@ class GroupStrategy:
     def __init__(self, spec, runtime):
         self.spec, self.runtime = spec, runtime
         self.balance = spec.group.balance
+        self.compression, self.interface = spec.group.compression, spec.group.interface
         self.node_groups: list[list[int]] = []  # hierarchical: learner ids per node, as last formed
         self.planned: tuple[list[int] | None, list[float] | None] = (None, None)  # (ids, shard weights)
 
@@ -78,7 +80,8 @@ class GroupStrategy:
 
 
 class GossipStrategy(GroupStrategy):
-    """AD-PSGD on a ring: the ring by measured speed (fastest at active positions)."""
+    """AD-PSGD on a ring: the learners of a host next to each other (`group.topology_aware`), and
+    by measured speed (fastest at active positions)."""
 
     name = "gossip"
     lockstep = False
@@ -86,26 +89,29 @@ class GossipStrategy(GroupStrategy):
 
     def order(self, roster) -> list[int]:
         slots = roster.slots()
-        if not (self.balance and all(s.speed is not None for s in slots)):
-            return [s.id for s in slots]
-        return ring_by_speed({s.id: s.speed for s in slots})
+        speeds = {s.id: s.speed for s in slots} if self.balance and all(s.speed is not None for s in slots) \
+            else None
+        if self.spec.group.topology_aware:
+            return ring_by_host({s.id: s.node or "" for s in slots}, speeds)
+        return ring_by_speed(speeds) if speeds else [s.id for s in slots]
 
     def members(self, roster) -> list:
         handles = [roster.live[i].handle for i in roster.order]
         if len(handles) == 1:
             return super().members(roster)
-        return [GossipMember(i, [handles[q] for q in ring_partners(i, len(handles))], self.spec.seed)
-                for i in range(len(handles))]
+        return [GossipMember(i, [handles[q] for q in ring_partners(i, len(handles))], self.spec.seed,
+                             self.compression, self.interface) for i in range(len(handles))]
 
     def rebalance(self, roster) -> str | None:
         speeds = {i: roster.live[i].speed for i in roster.order}
         if not self.balance or len(speeds) < 2 or any(v is None for v in speeds.values()):
             return None
         actives, passives = roster.order[0::2], roster.order[1::2]
-        # only when a passive learner is clearly faster than an active one (not measurement noise)
+        # only when a passive learner is clearly faster than an active one (not measurement noise),
+        # and the order would change (hosts keep their learners together: it may not)
         if max(speeds[i] for i in passives) <= (1 + REBALANCE_CHANGE * 2) * min(speeds[i] for i in actives):
             return None
-        return "ring"
+        return "ring" if self.order(roster) != roster.order else None
 
     def handover(self, roster, slot) -> int | None:
         """Its ring neighbour, with one last pairwise average, so its progress stays in the group."""
@@ -129,7 +135,10 @@ class AllreduceStrategy(GroupStrategy):
         handles = [roster.live[i].handle for i in roster.order]
         backend = self._backend(handles)
         ip, port = self.runtime.get([handles[0].ip.remote(), handles[0].free_port.remote()])
-        return [AllreduceMember(i, len(handles), f"{ip}:{port}", backend) for i in range(len(handles))]
+        hosts = hosts_of([roster.live[i].node or "" for i in roster.order]) if self.spec.group.topology_aware \
+            else None
+        return [AllreduceMember(i, len(handles), f"{ip}:{port}", backend, interface=self.interface, hosts=hosts,
+                                compression=self.compression) for i in range(len(handles))]
 
     def shard_weights(self, roster) -> list[float] | None:
         """By measured speed, once every member has one (`balance.batch_shares`)."""
@@ -176,10 +185,12 @@ class HierarchicalStrategy(GroupStrategy):
         members: list = [None] * len(handles)
         for k, idxs in enumerate(nodes):
             ip, port = self.runtime.get([handles[idxs[0]].ip.remote(), handles[idxs[0]].free_port.remote()])
-            ring = GossipMember(k, [handles[leaders[q]] for q in ring_partners(k, len(nodes))], self.spec.seed)
+            ring = GossipMember(k, [handles[leaders[q]] for q in ring_partners(k, len(nodes))], self.spec.seed,
+                                self.compression, self.interface)
             for j, i in enumerate(idxs):
                 members[i] = HierarchicalMember(j, len(idxs), f"{ip}:{port}", ring if j == 0 else None, backend,
-                                                place=i)  # every node's group joins at once: paced together
+                                                place=i,  # every node's group joins at once: paced together
+                                                interface=self.interface)
         self.node_groups = [[roster.order[i] for i in idxs] for idxs in nodes]
         return members
 

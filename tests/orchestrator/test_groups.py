@@ -354,3 +354,18 @@ def test_hierarchical_two_nodes_by_two_learners(ray_cluster, tmp_path):
     assert summary["learners"] == 4 and summary["group"] == "hierarchical"
     leader_counters = [s["counters"]["averages"] for s in state["learners"]]
     assert sum(1 for c in leader_counters if c > 0) >= 2  # both leaders mixed
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("kind, learners", [("allreduce", 2), ("hierarchical", 4)])
+def test_a_collective_group_ends_its_chunk_at_the_wall_budget_not_after_its_steps(ray_session, tmp_path, kind,
+                                                                                 learners):
+    """Steps of 1.5 s and a 3 s budget: the members of a collective agree in their steps'
+    all-reduce to end the chunk once anyone's time is up, so the job stops within a step of its
+    budget rather than after the chunk's 8 steps (a slow link once kept a hierarchical job far
+    past its budget this way)."""
+    spec = linear_spec(name=f"wall-{kind}", learners=learners, group={"kind": kind}, budget__epochs=100,
+                       budget__wall_seconds=3, data__compute_seconds=1.5)
+    summary = TrainingJob(spec, tmp_path).run()
+    assert 1 <= summary["steps"] <= 4, summary["steps"]  # 8 would be a whole chunk
+    assert_nothing_left(f"{summary['job_id']}/")
