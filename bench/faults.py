@@ -22,7 +22,9 @@ these jobs run slowed down by `simulate.slowdown`, as learners keep what they re
 otherwise have read everything before the first evaluation), a passive gossip partner dying
 inside an averaging request (`simulate_exit_in_average`), rank 0 dying as the group re-forms after
 another learner was killed (`simulate_exit_in_join`), two runs into one `--out` (plain and with
-`--overwrite`), and a sweep driver SIGKILLed inside its second trial then `chorus sweep --resume`.
+`--overwrite`), a sweep driver SIGKILLed inside its second trial then `chorus sweep --resume`, and,
+on two hosts with links of their own (bench/network_faults.py, after the others), a host cut off
+for 20 s, a link flapping, and a link slowed to 5 Mbit/s.
 
 Each row records:
 - `outcome`: a short phrase;
@@ -88,6 +90,8 @@ from ray.cluster_utils import Cluster  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+import network_faults  # noqa: E402, I001  (bench/ is on the path: this script's folder)
+
 from jobs.data import DataError, shard_batches  # noqa: E402
 from jobs.synth import synthesize  # noqa: E402
 from orchestrator.capacity import CapacityTimeout  # noqa: E402
@@ -118,12 +122,18 @@ class RowFailed(Exception):
 
 
 # -- the cluster ---------------------------------------------------------------------------------
+def make_corpus() -> Path:
+    """The rows' corpus, made afresh: rows damage files (and put them back)."""
+    corpus = WORK / "corpus-160-7"
+    synthesize(corpus, utterances=160, eval_utterances=20, seed=7, workers=2, progress=False)
+    return corpus
+
+
 class Bench:
     """The cluster (head, node A, node B), the corpus and what every row shares."""
 
-    def __init__(self):
-        self.corpus = WORK / "corpus-160-7"  # made afresh: rows damage files (and put them back)
-        synthesize(self.corpus, utterances=160, eval_utterances=20, seed=7, workers=2, progress=False)
+    def __init__(self, corpus: Path):
+        self.corpus = corpus
         self.cluster = Cluster(initialize_head=True, head_node_args={
             "num_cpus": 1, "include_dashboard": False, "_system_config": SYSTEM_CONFIG})
         self.node_a = self.cluster.add_node(num_cpus=2, resources={"learner_slot": 2})
@@ -935,6 +945,7 @@ class Fault:
     groups: tuple[str, ...]
     run: Callable[[Row], None]
     limit_s: float = 300.0
+    network: bool = False  # on two hosts with links of their own (bench/network_faults.py), as root
 
 
 ALL, BOTH = GROUPS, ("gossip", "allreduce")
@@ -955,6 +966,9 @@ FAULTS = [
     Fault("rank0-dies-in-reform", ("allreduce", "hierarchical"), rank0_dies_in_reform),
     Fault("two-runs-one-out", BOTH, two_runs_one_out, 300),
     Fault("sweep-driver-sigkill", ("gossip",), sweep_driver_sigkill, 900),
+    Fault("host-cut-off", ALL, network_faults.host_cut_off, 420, network=True),
+    Fault("link-flapping", ALL, network_faults.link_flapping, 420, network=True),
+    Fault("link-slow", ALL, network_faults.link_slow, 300, network=True),
 ]
 
 
@@ -1084,8 +1098,9 @@ def main() -> int:
     groups = [g for g in args.groups.split(",") if g]
     if unknown or set(groups) - set(GROUPS):
         parser.error(f"unknown fault(s) {unknown} or group(s) {sorted(set(groups) - set(GROUPS))}")
-    if os.geteuid() != 0 and "disk-full" in names:
-        parser.error("the disk-full row mounts a tmpfs: run as root, or leave it out with --only")
+    if os.geteuid() != 0 and ("disk-full" in names or any(f.network for f in FAULTS if f.name in names)):
+        parser.error("the disk-full row mounts a tmpfs and the network rows make hosts: run as root, or leave "
+                     "them out with --only")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a throwaway local cluster
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger().handlers[0].setLevel(logging.WARNING)  # the jobs' INFO lines: --verbose
@@ -1093,16 +1108,21 @@ def main() -> int:
     plan = [(f, g) for f in FAULTS if f.name in names for g in f.groups if g in groups]
     token = datetime.datetime.now().strftime("%H%M%S")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))  # clean up as on Ctrl-C
-    bench = Bench()
+    corpus = make_corpus()
     rows = []
-    try:
-        for fault, group in plan:
-            print(f"[{fault.name} / {group}] ...", flush=True)
-            record = run_row(bench, fault, group, token, args.verbose)
-            rows.append(record)
-            print(f"[{fault.name} / {group}] {json.dumps(record)}", flush=True)
-    finally:
-        bench.shutdown()
+    for network, make in ((False, Bench), (True, network_faults.NetBench)):  # one cluster at a time
+        part = [(f, g) for f, g in plan if f.network == network]
+        if not part:
+            continue
+        bench = make(corpus)
+        try:
+            for fault, group in part:
+                print(f"[{fault.name} / {group}] ...", flush=True)
+                record = run_row(bench, fault, group, token, args.verbose)
+                rows.append(record)
+                print(f"[{fault.name} / {group}] {json.dumps(record)}", flush=True)
+        finally:
+            bench.shutdown()
     if args.merge and args.out.is_file():
         done = {(r["fault"], r["group"]) for r in rows}
         rows = [r for r in json.loads(args.out.read_text())["rows"] if (r["fault"], r["group"]) not in done] + rows

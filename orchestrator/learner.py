@@ -500,10 +500,10 @@ class LearnerService(SimulatedFaults):
         self.learner.load_flat_weights(flat + scale * torch.randn(flat.shape, generator=gen))
 
     @ray.method(concurrency_group="links")
-    def open_link(self, key: str, address: str, compression: str = "none", interface: str | None = None) -> None:
+    def open_link(self, key: str, address: str, compression: str = "none", interface: str | None = None) -> str:
         """An active gossip partner opens a link to this learner (`groups/links.py`): this side
-        joins its rendezvous in a thread and serves its exchanges there."""
-        self.passive_links.open(key, address, compression, interface)
+        joins its rendezvous in a thread and serves its exchanges there; returns the link's codec."""
+        return self.passive_links.open(key, address, compression, interface)
 
     @ray.method(concurrency_group="mix")
     def average(self, other: torch.Tensor) -> torch.Tensor:

@@ -41,7 +41,9 @@ class Snapshot:
 
     def __init__(self, job, train_loss: float, start: float):
         self.job, runtime, self.train_loss, self.start = job, job.runtime, train_loss, start
-        slots = job.roster.slots()
+        # by node (the group's order within it): the tree adds up each node's models before any
+        # crosses between nodes
+        slots = sorted(job.roster.slots(), key=lambda s: s.node or "")
         self.ids, handles = [s.id for s in slots], [s.handle for s in slots]
         stats = [s.stats for s in slots]
         self.record = {"epoch": round(sum(s["epoch"] for s in stats) / len(stats), 3),

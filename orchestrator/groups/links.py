@@ -8,7 +8,8 @@ order, so both get the same bits. With `bf16` or `int8` each sends the compresse
 between its weights and its *public copy* (what the other side knows of them), both sides add it
 to that copy, and each side moves by half the difference of the two public copies: the two moves
 cancel, so the models' sum is kept exactly and what the codec dropped is sent with the next
-exchange (`compression.py`). Nothing passes through Ray's object store and no Ray call is made per
+exchange (`compression.py`). Only links between hosts are compressed: partners on one host
+exchange float32 over its loopback. Nothing passes through Ray's object store and no Ray call is made per
 exchange: on this machine a 10M-parameter exchange went from 299 ms through the object store to
 1.3-1.5x a raw gloo round trip of the same bytes (bench/transport.py).
 
@@ -178,9 +179,7 @@ class ActiveLinks:
         link = self._links.get(partner_id) or self._open(learner, partner, partner_id)
         if link is None:
             return None
-        state = self._state.get(partner_id)
-        if state is None or state.numel != learner.numel:
-            state = self._state[partner_id] = LinkState(self.codec, learner.numel)
+        state = self._state[partner_id]
         payload, version = state.outgoing(learner)
         try:
             works = [link.send([torch.tensor([EXCHANGE])], 1, HEADER), link.send([payload], 1, TO_PASSIVE),
@@ -254,10 +253,10 @@ class ActiveLinks:
                 self._store = dist.TCPStore(self._host, 0, is_master=True, wait_for_workers=False,
                                             timeout=timedelta(seconds=OPEN_TIMEOUT_S))
                 self._store_retry_at = 0.0
-            ray.get(partner.open_link.remote(key, f"{self._host}:{self._store.port}", self.codec.name,
-                                             self.interface), timeout=OPEN_TIMEOUT_S)
+            codec = ray.get(partner.open_link.remote(key, f"{self._host}:{self._store.port}", self.codec.name,
+                                                     self.interface), timeout=OPEN_TIMEOUT_S)
             self._links[partner_id] = pair_group(self._store, key, 0, self._host, self.interface)
-            self._state.pop(partner_id, None)  # a new link: both public copies start from zero
+            self._state[partner_id] = LinkState(codec_for(codec), learner.numel)  # public copies start at zero
         except ray.exceptions.ActorUnavailableError:
             self._retry_at[partner_id] = time.monotonic() + OPEN_BACKOFF_S
             return None
@@ -297,9 +296,15 @@ class PassiveLinks:
         self.learner = learner
         self.exit_in_exchange = False
 
-    def open(self, key: str, address: str, codec: str = "none", interface: str | None = None) -> None:
+    def open(self, key: str, address: str, codec: str = "none", interface: str | None = None) -> str:
+        """Serve a link an active partner opens (its rendezvous at `address`); returns the link's
+        codec: `codec`, or `none` when the active is on this learner's host (loopback has the
+        bytes to spare, and an exact exchange leaves both on the same mean)."""
+        if address.rsplit(":", 1)[0] == node_address(self.learner):
+            codec = "none"
         threading.Thread(target=self._serve, args=(key, address, codec, interface), name=f"gossip-{key}",
                          daemon=True).start()
+        return codec
 
     def _serve(self, key: str, address: str, codec: str, interface: str | None) -> None:
         host, port = address.rsplit(":", 1)

@@ -1,0 +1,382 @@
+"""Benchmark: Chorus and Ray Train across hosts whose links are the bottleneck (issue 39).
+
+Two hosts of 2 CPUs each, with addresses of their own on one machine (`orchestrator/testing/
+hosts.py`: network namespaces on a bridge, each a Ray node; the head, holding the drivers, in the
+machine's own namespace), each host's link to the bridge limited in both directions (`tc tbf`):
+unshaped, 1 Gbit/s, 100 Mbit/s and 20 Mbit/s. Four learners (1 CPU, one torch thread each), two a
+host, train the ~10M-parameter BiLSTM-CTC of bench/vs_ray_train.py (tiny.yaml's model widened:
+gradients and weights are 40 MB) on 2,000 synthesized utterances (espeak-ng, seed 0), their
+filterbanks computed once beforehand (`chorus features`), with tiny.yaml's batches (40 padded
+seconds a learner a step), optimizer and learning-rate schedule over the same wall budget.
+
+Contenders, interleaved (`_common.interleaved`, order rotating), on the same hosts, data, batch
+and learning rate:
+- `ray_train`: Ray Train's `TorchTrainer`, DDP over gloo (`bench/ray_train_baseline.py`), with
+  GLOO_SOCKET_IFNAME set to the hosts' interface by hand (without it gloo cannot connect across
+  these hosts, whose names resolve to a loopback address);
+- Chorus `allreduce` (summed host by host: `group.topology_aware`, the default), `allreduce_int8`
+  (its sums between hosts int8 with error feedback), `gossip` and `hierarchical` (their exchanges
+  between hosts int8 with error feedback, `group.compression: int8`);
+- ablations at 20 Mbit/s: `gossip_none` and `hierarchical_none` (no compression) and
+  `gossip_blind` (int8, `group.topology_aware: false`: the ring by learner id, every exchange
+  crossing between hosts).
+
+Measured per run (`throughput`: a `--budget` of training, evaluated once at the end): samples/s
+over the training (the first step to the budget), the bytes each host sent per second through its
+link in that window (the link's counters, sampled every half second: gradients, weights, Ray's own
+traffic, evaluations), steps, start-up. Per link, median and IQR of each contender; a ratio is a
+win only where the IQRs are apart (`_common.compare`).
+
+Time to WER (`time_to_wer`, 100 Mbit/s only): ray_train, gossip, hierarchical and gossip_none,
+each for `--wer-budget` seconds, `dev` evaluated every `--eval-every` seconds (Chorus: off the
+training loop, by its evaluator; Ray Train: rank 0, the others waiting), with 10 warm-up steps
+instead of tiny.yaml's 100 for everyone (100 steps are ~10 minutes of Ray Train at 100 Mbit/s).
+Per repeat: the best dev WER Ray Train reached and when (seconds from the call that starts
+training: start-up included, what a user waits, as bench/time_to_wer.py), and when each Chorus
+contender first had a WER at or below it; the same for Ray Train's best dev loss (a measure that
+still moves while the WER is 100%).
+
+Targets (issue 39), `passed` when all hold: at 100 Mbit/s gossip and hierarchical each >= 5x
+Ray Train's samples/s and >= 0.95x their own unshaped rate; at 20 Mbit/s both >= 0.85x their
+unshaped rate and >= 10x Ray Train; the better of them reaches Ray Train's WER in <= 0.3x Ray
+Train's time at 100 Mbit/s; Chorus allreduce with compression >= 1.5x Ray Train (at 100 and at 20
+Mbit/s); unshaped, every Chorus contender >= 0.95x Ray Train; IQRs apart wherever a ratio is
+claimed as a win. Writes `bench/results/network.json` and `network.png`.
+
+Usage (as root: namespaces and tc; run nothing else heavy beside it):
+    .venv/bin/python bench/network.py                       # everything (~3.5 h)
+    .venv/bin/python bench/network.py --links 100mbit --contenders ray_train,gossip --pilot
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import matplotlib  # noqa: E402
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import ray  # noqa: E402
+import ray_train_baseline  # noqa: E402
+from _common import MIN_REPEATS, compare, interleaved, summary, write_results  # noqa: E402
+from ray import cloudpickle  # noqa: E402
+
+from jobs.synth import synthesize  # noqa: E402
+from orchestrator.config import load_spec  # noqa: E402
+from orchestrator.job import TrainingJob  # noqa: E402
+from orchestrator.testing.hosts import Hosts  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results"
+WORK = ROOT / "bench" / "work" / "network"
+HOSTS, CPUS, LEARNERS = 2, 2, 4
+LINKS = {"unshaped": None, "1gbit": "1gbit", "100mbit": "100mbit", "20mbit": "20mbit"}
+MODEL = ["model.d_model=256", "model.hidden=520", "model.layers=2", "model.subsample_channels=64"]  # vs_ray_train's 10m
+CHORUS = {  # name -> (group.kind, group.compression, group.topology_aware)
+    "allreduce": ("allreduce", "none", True),
+    "allreduce_int8": ("allreduce", "int8", True),
+    "gossip": ("gossip", "int8", True),
+    "hierarchical": ("hierarchical", "int8", True),
+    "gossip_none": ("gossip", "none", True),
+    "hierarchical_none": ("hierarchical", "none", True),
+    "gossip_blind": ("gossip", "int8", False),
+}
+MAIN = ["ray_train", "allreduce", "allreduce_int8", "gossip", "hierarchical"]
+ABLATIONS = ["gossip_none", "hierarchical_none", "gossip_blind"]
+ABLATION_LINKS = ["20mbit"]
+WER_CONTENDERS, WER_LINK = ["ray_train", "gossip", "hierarchical", "gossip_none"], "100mbit"
+WER_WARMUP_STEPS = 10  # time-to-WER runs: tiny.yaml's 100 warm-up steps are ~10 minutes of Ray Train at 100 Mbit/s
+cloudpickle.register_pickle_by_value(ray_train_baseline)  # Ray Train's workers cannot import bench/ modules
+
+
+def corpus() -> Path:
+    """The 2,000-utterance corpus and its filterbanks (made once)."""
+    audio, feats = WORK / "corpus-2000-0", WORK / "feats-2000-0"
+    if not (audio / "corpus.json").is_file():
+        synthesize(audio, utterances=2000, eval_utterances=100, seed=0, progress=False, engines="espeak")
+    from orchestrator.workload import workload_part
+
+    write_shards = workload_part("asr", "features")
+    for split in ("train", "dev"):
+        if not (feats / split).is_dir():
+            write_shards(str(audio / f"{split}.jsonl"), str(feats / split), num_mel_bins=80, shard_mb=64.0)
+    return feats
+
+
+def job_spec(feats: Path, name: str, wall: float, eval_every: float | None):
+    """tiny.yaml with the 10M model for 4 learners, one CPU each, trained for `wall` seconds; with
+    `eval_every` (time-to-WER runs), dev every so many seconds and WER_WARMUP_STEPS of warm-up."""
+    kind, compression, aware = CHORUS.get(name, ("allreduce", "none", True))
+    warmup = [f"optim.warmup_steps={WER_WARMUP_STEPS}"] if eval_every else []
+    return load_spec(ROOT / "jobs" / "configs" / "tiny.yaml", [
+        *MODEL, *warmup, f"data.train={feats}/train", f"data.dev={feats}/dev", "data.test=null",
+        "data.test_unseen=null",
+        "data.test_unseen_engine=null", "budget.epochs=10000", f"budget.wall_seconds={wall}",
+        "budget.eval_every_epochs=10000", f"budget.eval_every_seconds={eval_every or 'null'}",
+        f"learners={LEARNERS}", "cpus_per_learner=1", f"group.kind={kind}", f"group.compression={compression}",
+        f"group.topology_aware={str(aware).lower()}", f"name=net-{name.replace('_', '-')}"])
+
+
+class LinkMeter:
+    """Each host's link counters, sampled every half second in a thread while a run trains."""
+
+    def __init__(self, hosts: Hosts):
+        self.hosts, self.samples, self._stop = hosts, [], threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            self.samples.append((time.time(), [self.hosts.traffic(i)["sent"] for i in range(HOSTS)]))
+            self._stop.wait(0.5)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def sent_per_s(self, start: float, end: float) -> list[float]:
+        """Bytes per second each host sent between `start` and `end` (the samples closest inside)."""
+        inside = [s for s in self.samples if start <= s[0] <= end] or self.samples[-2:]
+        (t0, a), (t1, b) = inside[0], inside[-1]
+        return [round((y - x) / max(t1 - t0, 1e-9)) for x, y in zip(a, b, strict=True)]
+
+
+def run_chorus(name: str, hosts: Hosts, feats: Path, wall: float, eval_every: float | None) -> dict:
+    curve: list[tuple[float, float | None, float | None]] = []
+    started = time.time()
+    meter = LinkMeter(hosts)
+    try:
+        job = TrainingJob(job_spec(feats, name, wall, eval_every), WORK / "runs" / name, overwrite=True,
+                          report=lambda r: curve.append((time.time() - started, r.get("dev_wer"), r.get("dev_loss"))))
+        s = job.run()
+    finally:
+        meter.stop()
+    first = job.first_step_at or started
+    return {"samples_per_s": s["samples_per_s"], "samples": s["samples"], "steps": s["steps"],
+            "train_wall_s": s["train_wall_s"], "startup_s": s["startup_s"],
+            "sent_per_s": meter.sent_per_s(first, first + s["train_wall_s"]), "dev_wer": s["wer_dev"],
+            "curve": curve, "learner_sent_bytes": s["sent_bytes"], "events": s["events"]}
+
+
+def run_ray_train(hosts: Hosts, feats: Path, wall: float, eval_every: float | None) -> dict:
+    spec = job_spec(feats, "ray_train", wall, eval_every)
+    meter = LinkMeter(hosts)
+    try:
+        r = ray_train_baseline.run(spec.workload_config.model_dump(mode="json"), spec.seed, LEARNERS, wall,
+                                   eval_every, WORK / "ray_train", {"CPU": 1})
+    finally:
+        meter.stop()
+    train_wall = r["ended_at"] - r["first_step_at"]
+    curve = [(t - r["started_at"], wer, loss) for t, wer, loss in r["curve"]]
+    return {"samples_per_s": round(r["samples"] / train_wall, 2), "samples": r["samples"], "steps": r["steps"],
+            "train_wall_s": round(train_wall, 2), "startup_s": round(r["first_step_at"] - r["started_at"], 3),
+            "sent_per_s": meter.sent_per_s(r["first_step_at"], r["ended_at"]),
+            "dev_wer": curve[-1][1] if curve else None, "curve": curve}
+
+
+def measure(name: str, hosts: Hosts, feats: Path, link: str, wall: float, eval_every: float | None,
+            log: Path) -> dict:
+    hosts.shape(None, LINKS[link])
+    result = run_ray_train(hosts, feats, wall, eval_every) if name == "ray_train" else \
+        run_chorus(name, hosts, feats, wall, eval_every)
+    result.update(contender=name, link=link, at=time.strftime("%H:%M:%S"))
+    with open(log, "a") as f:  # each run kept as it ends, should the benchmark be cut short
+        f.write(json.dumps(result, allow_nan=False) + "\n")
+    print(f"[{link} {name}] {result['samples_per_s']:.1f} samples/s, sent/s {result['sent_per_s']}, "
+          f"{result['steps']} steps, start-up {result['startup_s']} s, dev WER {result['dev_wer']}", flush=True)
+    return result
+
+
+def section(names: list[str], links: list[str], hosts, feats, wall, eval_every, repeats, log) -> dict:
+    """Every link of `links`, its contenders interleaved `repeats` times: link -> name -> runs."""
+    runs: dict[str, dict[str, list[dict]]] = {}
+    for link in links:
+        runs[link] = {name: [] for name in names}
+
+        def contender(name: str, link: str = link):
+            def one(_repeat: int) -> float:
+                runs[link][name].append(measure(name, hosts, feats, link, wall, eval_every, log))
+                return runs[link][name][-1]["samples_per_s"]
+            return one
+
+        interleaved({name: contender(name) for name in names}, repeats=repeats)
+    return runs
+
+
+def throughput_stats(runs: dict) -> dict:
+    return {link: {name: {"samples_per_s": summary([r["samples_per_s"] for r in rs], 3),
+                          "sent_mb_per_s": [summary([r["sent_per_s"][h] / 1e6 for r in rs], 3) for h in range(HOSTS)]}
+                   for name, rs in by_name.items()} for link, by_name in runs.items()}
+
+
+def first_at(curve: list, target: float, column: int) -> float | None:
+    return next((t for t, *values in curve if values[column - 1] is not None and values[column - 1] <= target), None)
+
+
+def time_to_wer(runs: dict) -> dict:
+    """Per repeat, Ray Train's best WER and loss and when it had them, and when each Chorus
+    contender first had as good; the ratios' median and IQR."""
+    rows, chorus = [], [n for n in runs if n != "ray_train"]
+    for r, rt in enumerate(runs["ray_train"]):
+        scored = [c for c in rt["curve"] if c[1] is not None]
+        best_wer, best_loss = min(c[1] for c in scored), min(c[2] for c in scored)
+        row = {"repeat": r, "ray_train_wer": best_wer, "ray_train_wer_s": first_at(scored, best_wer, 1),
+               "ray_train_loss": best_loss, "ray_train_loss_s": first_at(scored, best_loss, 2)}
+        for name in chorus:
+            row[f"{name}_wer_s"] = first_at(runs[name][r]["curve"], best_wer, 1)
+            row[f"{name}_loss_s"] = first_at(runs[name][r]["curve"], best_loss, 2)
+        rows.append(row)
+    out = {"repeats": rows}
+    for name in chorus:
+        for what in ("wer", "loss"):
+            ratios = [row[f"{name}_{what}_s"] / row[f"ray_train_{what}_s"] for row in rows
+                      if row[f"{name}_{what}_s"] is not None]
+            out[f"{name}_{what}_ratio"] = summary(ratios, 3) if len(ratios) == len(rows) else None
+    return out
+
+
+def judge(stats: dict, ttw: dict | None) -> dict:
+    """Each target: the figures it compares and whether it holds."""
+    checks = {}
+
+    def rate(link, name):
+        return stats.get(link, {}).get(name, {}).get("samples_per_s")
+
+    def ratio_check(key, a, b, least):
+        if a is None or b is None:
+            checks[key] = {"held": False, "why": "not measured"}
+            return
+        c = compare(a, b)
+        checks[key] = {**c, "least": least, "held": c["ratio"] is not None and c["ratio"] >= least
+                       and c["verdict"] == "higher"}
+
+    for name in ("gossip", "hierarchical"):
+        ratio_check(f"{name} 100mbit / ray_train", rate("100mbit", name), rate("100mbit", "ray_train"), 5.0)
+        ratio_check(f"{name} 20mbit / ray_train", rate("20mbit", name), rate("20mbit", "ray_train"), 10.0)
+        for link, least in (("100mbit", 0.95), ("20mbit", 0.85)):
+            own, base = rate(link, name), rate("unshaped", name)
+            ok = own is not None and base is not None
+            checks[f"{name} {link} / its unshaped"] = {
+                "ratio": round(own["median"] / base["median"], 4) if ok else None, "least": least,
+                "held": ok and own["median"] >= least * base["median"]}  # kept: not a win, IQRs not needed
+    for link in ("100mbit", "20mbit"):
+        ratio_check(f"allreduce_int8 {link} / ray_train", rate(link, "allreduce_int8"), rate(link, "ray_train"), 1.5)
+    for name in ("allreduce", "allreduce_int8", "gossip", "hierarchical"):
+        a, b = rate("unshaped", name), rate("unshaped", "ray_train")
+        ok = a is not None and b is not None
+        checks[f"{name} unshaped / ray_train"] = {**(compare(a, b) if ok else {}), "least": 0.95,
+                                                  "held": ok and a["median"] >= 0.95 * b["median"]}
+    if ttw is not None:
+        best = [ttw.get(f"{n}_wer_ratio") for n in ("gossip", "hierarchical") if ttw.get(f"{n}_wer_ratio")]
+        low = min(best, key=lambda s: s["median"]) if best else None
+        checks["time to ray_train's WER, better of gossip and hierarchical / ray_train"] = {
+            "ratio": low["median"] if low else None, "most": 0.3, "held": bool(low) and low["median"] <= 0.3}
+    return checks
+
+
+def plot(result: dict, path: Path) -> None:
+    stats = result["throughput"]
+    links = [link for link in LINKS if link in stats]
+    names = [n for n in MAIN + ABLATIONS if any(n in stats[link] for link in links)]
+    colors = dict(zip(MAIN + ABLATIONS, ["tab:gray", "tab:blue", "tab:cyan", "tab:green", "tab:orange",
+                                         "lightgreen", "navajowhite", "olive"], strict=True))
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(15, 5))
+    width = 0.8 / len(names)
+    for j, name in enumerate(names):
+        for i, link in enumerate(links):
+            entry = stats[link].get(name)
+            if entry is None:
+                continue
+            s, x = entry["samples_per_s"], i + (j - len(names) / 2 + 0.5) * width
+            ax.bar(x, s["median"], width, color=colors[name], yerr=[[s["median"] - s["iqr"][0]],
+                                                                     [s["iqr"][1] - s["median"]]],
+                   capsize=2, label=name if i == next(k for k, lk in enumerate(links) if name in stats[lk]) else None)
+            sent = sum(h["median"] for h in entry["sent_mb_per_s"]) / HOSTS
+            bx.bar(x, sent, width, color=colors[name])
+    for axis, label in ((ax, "samples/s (median, IQR)"), (bx, "MB/s each host sent through its link (median)")):
+        axis.set_xticks(range(len(links)), links)
+        axis.set_ylabel(label)
+        axis.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    ax.set_title(f"2 hosts x 2 learners, ~10M-parameter model, {result['budget_s']:.0f} s budget", fontsize=9)
+    bx.set_yscale("log")
+    held = sum(c["held"] for c in result["checks"].values())
+    bx.set_title(f"targets held: {held} of {len(result['checks'])} (passed: {result['passed']})", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--links", default=",".join(LINKS))
+    parser.add_argument("--contenders", default=",".join(MAIN))
+    parser.add_argument("--repeats", type=int, default=MIN_REPEATS)
+    parser.add_argument("--budget", type=float, default=45.0, help="training seconds of each throughput run")
+    parser.add_argument("--wer-budget", type=float, default=150.0, help="training seconds of each time-to-WER run")
+    parser.add_argument("--eval-every", type=float, default=15.0)
+    parser.add_argument("--skip", default="", help="sections to leave out: ablations, time_to_wer")
+    parser.add_argument("--pilot", action="store_true", help="one run of each, printed, no results written")
+    args = parser.parse_args()
+    links, names, skip = args.links.split(","), args.contenders.split(","), set(args.skip.split(","))
+    unknown = sorted((set(links) - set(LINKS)) | (set(names) - set(MAIN) - set(ABLATIONS)))
+    if unknown:
+        parser.error(f"unknown links or contenders: {unknown}")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    feats = corpus()
+    log = WORK / "runs.jsonl"
+    log.unlink(missing_ok=True)
+    started = time.time()
+    with Hosts(count=HOSTS, cpus=CPUS) as hosts:
+        # Ray Train's gloo needs the interface named by hand on these hosts (Chorus finds it itself)
+        ray.init(address=hosts.gcs_address, log_to_driver=False,
+                 runtime_env={"env_vars": {"GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1"}})
+        try:
+            if args.pilot:
+                for link in links:
+                    for name in names:
+                        measure(name, hosts, feats, link, args.budget, None, log)
+                return 0
+            runs = section(names, links, hosts, feats, args.budget, None, args.repeats, log)
+            if "ablations" not in skip:
+                extra = section(ABLATIONS, [lk for lk in ABLATION_LINKS if lk in links], hosts, feats,
+                                args.budget, None, args.repeats, log)
+                for link, by_name in extra.items():
+                    runs[link].update(by_name)
+            ttw_runs = None
+            if "time_to_wer" not in skip:
+                ttw_runs = section(WER_CONTENDERS, [WER_LINK], hosts, feats, args.wer_budget, args.eval_every,
+                                   args.repeats, log)[WER_LINK]
+        except BaseException:
+            traceback.print_exc()  # before the cluster goes: a driver whose cluster vanished exits at once
+            raise
+        finally:
+            ray.shutdown()
+    stats = throughput_stats(runs)
+    ttw = time_to_wer(ttw_runs) if ttw_runs else None
+    checks = judge(stats, ttw)
+    result = {"benchmark": "network", "hosts": HOSTS, "cpus_per_host": CPUS, "learners": LEARNERS,
+              "model_overrides": MODEL, "budget_s": args.budget, "wer_budget_s": args.wer_budget,
+              "eval_every_s": args.eval_every, "repeats": args.repeats, "links": {k: LINKS[k] for k in links},
+              "contenders": {n: CHORUS.get(n, "ray_train (DDP, gloo)") for n in names + ABLATIONS},
+              "wall_s": round(time.time() - started, 1), "throughput": stats, "time_to_wer": ttw,
+              "checks": checks, "passed": all(c["held"] for c in checks.values()),
+              "runs": runs, "time_to_wer_runs": ttw_runs}
+    write_results(RESULTS / "network.json", result, plot)
+    for key, check in checks.items():
+        print(f"{'ok  ' if check['held'] else 'MISS'} {key}: {check.get('ratio')} ({check.get('verdict', '')})")
+    print(f"passed: {result['passed']}")
+    return 0 if result["passed"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
