@@ -53,6 +53,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -332,6 +333,7 @@ def main() -> int:
     if unknown:
         parser.error(f"unknown links or contenders: {unknown}")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))  # clean up the hosts as on Ctrl-C
     feats = corpus()
     log = WORK / "runs.jsonl"
     log.unlink(missing_ok=True)

@@ -92,8 +92,18 @@ class ReplicaWeights:
             mean = (self.flat + other) / 2
             self.flat.copy_(mean)
             self.version += 1
-            self.averages += 1
+        self.count_averages(1)
         return mean.cpu()
+
+    def count_averages(self, n: int) -> None:
+        """Pairwise averages settled (from the learner's thread and its links' serving threads)."""
+        with self.counter_lock:
+            self.averages += n
+
+    def count_sent(self, nbytes: int) -> None:
+        """Bytes its group communication sent over the network (`sent_bytes`)."""
+        with self.counter_lock:
+            self.sent_bytes += nbytes
 
     def flat_grads(self) -> torch.Tensor:
         """The gradients as one flat tensor (a view: no copy)."""
@@ -106,8 +116,7 @@ class Learner(ReplicaWeights):
     workload_config: the workload's sections of the job spec (a dict, as sent over Ray).
     seed: the job's seed (every learner starts from the same initial weights).
     learner_id: this learner's id in its job.
-    planner: the job's `ShardPlanner` (or its actor), asked for this learner's shard at the start
-        of every epoch.
+    planner: the job's `ShardPlanner` (or its actor), asked for this learner's shard every epoch.
     threads: torch intra-op threads for this learner.
 
     The model lives on the GPU when the process sees one (a learner actor placed with num_gpus=1),
@@ -130,12 +139,10 @@ class Learner(ReplicaWeights):
         self.node_address: str | None = None  # its node's address, which its groups bind to (None: this process only)
         self.learner_id, self.planner = learner_id, planner
         self.lock = threading.Lock()
+        self.counter_lock = threading.Lock()  # counters that its links' serving threads add to
         self.step = self.samples = self.epoch = self.averages = 0
         self.failed_exchanges = 0  # gossip exchanges lost to a partner that died
-        # what its group communication sent over the network: link payloads, collectives by their
-        # algorithm's count (a ring all-reduce: 2 (n - 1) / n of the buffer); not what stays on a host
-        # (hierarchical's node group, allreduce's host sums)
-        self.sent_bytes = 0
+        self.sent_bytes = 0  # what its group sent between hosts (collectives: by their algorithm's count)
         self.progress = 0.0  # fraction of the job's budget spent, set by the driver
         self.lr_scale = 1.0  # times the scheduled learning rate; halved by each rollback, kept in the state
         self._nan_at: int | None = None  # simulate.nan_loss_at_step (tests only)
@@ -150,8 +157,8 @@ class Learner(ReplicaWeights):
         self.computing_since: float | None = None
         self._stall_s = 0.0  # simulate_stall: the next step hangs this long (tests of the watchdog)
         self.leaving: str | None = None  # why this learner must leave (drain, SIGTERM): it stops at a step's end
-        self.stop_at: float | None = None  # time.time() at which this chunk should end (deadline or chunk time)
-        self.group_stops = False  # a collective's members agreed (in its last step) to end the chunk there
+        self.stop_at: float | None = None  # time.time() at which this chunk should end
+        self.group_stops = False  # a collective's members agreed to end the chunk after its last step
         self._reset_chunk()
 
     # -- data ---------------------------------------------------------------------------------
@@ -172,9 +179,8 @@ class Learner(ReplicaWeights):
         return batch
 
     def wants_to_stop(self) -> bool:
-        """Whether this learner would end its chunk after the step in flight: its chunk's time is
-        up or it must leave. A member of a collective votes with this (`groups/allreduce.py`), so
-        all members end the chunk after the same step."""
+        """Whether this learner would end its chunk after the step in flight (its time is up, or it
+        must leave): a collective's members vote with it, and all end after the same step."""
         return self.leaving is not None or (self.stop_at is not None and time.time() >= self.stop_at)
 
     def batches_left(self) -> int:
@@ -357,6 +363,12 @@ class SimulatedFaults:
         """Tests and bench/faults.py only: the next step hangs `seconds` (alive, answering pings)."""
         self.learner._stall_s = float(seconds)
 
+    def perturb(self, scale: float, seed: int) -> None:
+        """Tests only: add Gaussian noise to the weights (make replicas disagree)."""
+        gen = torch.Generator().manual_seed(seed)
+        flat = self.learner.flat_weights()
+        self.learner.load_flat_weights(flat + scale * torch.randn(flat.shape, generator=gen))
+
     def simulate_nan_loss(self, step: int | None) -> None:
         """Tests only (spec: simulate.nan_loss_at_step): the loss of `step` is NaN, once."""
         self.learner._nan_at = step
@@ -402,8 +414,7 @@ class LearnerService(SimulatedFaults):
             return sock.getsockname()[1]
 
     def hello(self) -> dict:
-        """Answers once the learner is built (and any state sent before it loaded): its node and
-        counters."""
+        """Answers once the learner is built (and any state sent before it loaded): node, counters."""
         return {"node": self.node_id(), "pid": os.getpid(), "ready_at": time.time(), **self.learner.counters()}
 
     def join(self, group_state) -> None:
@@ -449,15 +460,14 @@ class LearnerService(SimulatedFaults):
     def run(self, steps: int, deadline: float | None, max_epochs: int | None, progress: float,
             seconds: float | None = None) -> dict:
         """Up to `steps` optimizer steps, stopping early at the wall deadline (time.time()), once
-        the chunk has run `seconds` (after its first step), or when this learner has finished
+        `seconds` have passed since the chunk began (it takes one step at least), or when this
+        learner has finished
         `max_epochs` epochs; returns its stats. (A group step at an epoch boundary trains nothing
         and does not count; two in a row mean an empty shard.)
 
-        A learner that may stop alone (`stops_alone`: gossip) checks the time before each step. A
-        member of a collective must stop at the same step as its peers: it votes in each step's
-        collective (`Learner.wants_to_stop`) and all of them end the chunk after the first step in
-        which any voted, so a slow link or slow steps never carry a chunk past the deadline by more
-        than one step."""
+        A learner that may stop alone (`stops_alone`: gossip) checks the time before each step; the
+        members of a collective vote in each step's collective (`Learner.wants_to_stop`) and all end
+        the chunk after the first step in which any voted: never more than a step past the deadline."""
         from orchestrator.groups import GroupBroken
 
         learner = self.learner
@@ -493,11 +503,14 @@ class LearnerService(SimulatedFaults):
             self.group.mix(self.learner)
         return self.learner.averages
 
-    def perturb(self, scale: float, seed: int) -> None:
-        """Add Gaussian noise to the weights (tests: make replicas disagree)."""
-        gen = torch.Generator().manual_seed(seed)
-        flat = self.learner.flat_weights()
-        self.learner.load_flat_weights(flat + scale * torch.randn(flat.shape, generator=gen))
+    def settle_exchanges(self) -> None:
+        """Settle this learner's gossip exchanges in flight (at the job's end, between chunks)."""
+        from orchestrator.groups import GroupBroken
+
+        try:
+            getattr(self.group, "settle_all", lambda learner: None)(self.learner)
+        except GroupBroken:  # a node member is gone: its replicas stay one exchange apart
+            pass
 
     @ray.method(concurrency_group="links")
     def open_link(self, key: str, address: str, compression: str = "none", interface: str | None = None) -> str:

@@ -82,7 +82,11 @@ class HeadNode:
             config_path.write_text(json.dumps(config, allow_nan=False))
             command.append(f"--autoscaling-config={config_path}")
             self.env.update(RAY_FAKE_CLUSTER="1", AUTOSCALER_UPDATE_INTERVAL_S="1")
-        proc = subprocess.run(command, env=self.env, capture_output=True, text=True, timeout=120)
+        try:
+            proc = subprocess.run(command, env=self.env, capture_output=True, text=True, timeout=120)
+        except subprocess.TimeoutExpired as exc:
+            self.stop()
+            raise RuntimeError(f"ray start --head did not finish in {exc.timeout:g} s") from None
         if proc.returncode != 0:
             self.stop()
             raise RuntimeError(f"ray start --head failed:\n{proc.stdout}\n{proc.stderr}")
@@ -116,7 +120,7 @@ class HeadNode:
         while pid > 1 and pid not in mine:
             mine.add(pid)
             pid = parent.get(pid, 1)
-        gcs = re.compile(rf"address=[^\s\x00]*:{self.gcs_port}(?![0-9])")
+        gcs = re.compile(rf"address=(?:[^\s\x00]*[=/])?{re.escape(self.node_ip)}:{self.gcs_port}(?![0-9])")
         found = {pid for pid, line in cmdline.items() if str(self.temp_dir) in line or gcs.search(line)} - mine
         grew = True
         while grew:

@@ -79,14 +79,14 @@ class AllreduceMember:
             start = time.perf_counter()
             with learner.waiting_on_group():
                 if self.by_host is not None:
-                    learner.sent_bytes += self.by_host.sum(buffer)
+                    learner.count_sent(self.by_host.sum(buffer))
                 else:
                     collective(dist.all_reduce, buffer)
-                    learner.sent_bytes += ring_bytes(buffer.numel() * buffer.element_size(), self.world_size)
+                    learner.count_sent(ring_bytes(buffer.numel() * buffer.element_size(), self.world_size))
                 device_settled(learner)
             learner.comm_s += time.perf_counter() - start
         else:
-            learner.sent_bytes += ring_bytes(buffer.numel() * buffer.element_size(), self.world_size)
+            learner.count_sent(ring_bytes(buffer.numel() * buffer.element_size(), self.world_size))
         apply_reduced_gradients(learner, buffer, size)
 
     def close(self) -> None:

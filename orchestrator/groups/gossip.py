@@ -20,6 +20,8 @@ import time
 
 from orchestrator.groups.links import ActiveLinks
 
+FINAL_SETTLE_S = 10.0  # at the job's end, how long an exchange still in flight is waited for
+
 
 def ring_partners(position: int, ring_size: int) -> list[int]:
     """Passive neighbours of an active (even) position; [] for passive positions and rings of one."""
@@ -46,7 +48,7 @@ class GossipMember:
         self.position, self.partners = position, partners
         self.compression, self.interface = compression, interface
         self._rng = random.Random(seed * 1_000_003 + position)
-        self._links = None  # this process's ActiveLinks, once this member has used them
+        self._links = self._learner = None  # this process's ActiveLinks and learner, once this member has used them
 
     def setup(self, learner) -> None:
         pass
@@ -79,12 +81,12 @@ class GossipMember:
             return None
         if links is None or (links.codec.name, links.interface) != (self.compression, self.interface):
             if links is not None:
-                links.close()
+                links.close(learner)
             links = learner.group_links = ActiveLinks(self.compression, self.interface)
-        self._links = links
+        self._links, self._learner = links, learner
         started = time.perf_counter()
         with learner.waiting_on_group():  # closing and opening links wait for partners
-            links.keep_only(self.partners)  # a re-formed ring: links to former partners close
+            links.keep_only(self.partners, learner)  # a re-formed ring: links to former partners close
             self._count(learner, links.settle(learner))
             free = [p for p in self.partners if not links.busy(p)]
             pending = links.start(learner, self._rng.choice(free)) if free else None
@@ -103,12 +105,19 @@ class GossipMember:
             self._count(learner, learner.group_links.settle(learner, exchange, compute_s))
         learner.comm_s += time.perf_counter() - waited
 
+    def settle_all(self, learner, timeout: float = FINAL_SETTLE_S) -> None:
+        """Wait (at most `timeout` each) for the exchanges in flight and settle them (the job's
+        end: its last evaluation then averages models that took both halves of every exchange)."""
+        if learner.group_links is not None:
+            with learner.waiting_on_group():
+                self._count(learner, learner.group_links.settle_all(learner, timeout))
+
     @staticmethod
     def _count(learner, settled: tuple[int, int]) -> None:
         mixed, lost = settled
-        learner.averages += mixed  # the passive partner holds the same mean (or the opposite move)
+        learner.count_averages(mixed)  # the passive partner holds the same mean (or the opposite move)
         learner.failed_exchanges += lost  # the partner (or its node, or its link) went away meanwhile
 
     def close(self) -> None:
         if self._links is not None:
-            self._links.close()
+            self._links.close(self._learner)

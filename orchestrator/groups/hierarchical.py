@@ -79,6 +79,15 @@ class HierarchicalMember:
         if self.leader is not None:
             self.leader.mix(learner)
 
+    def settle_all(self, learner) -> None:
+        """The leader's exchanges in flight settled, then the node takes its leader's weights
+        (every member of the node calls this: the broadcast is the node's collective)."""
+        if self.leader is not None:
+            self.leader.settle_all(learner)
+        if self.node_size > 1:
+            with learner.waiting_on_group():
+                broadcast_weights(learner, self.node_rank)
+
     def close(self) -> None:
         if self.leader is not None:
             self.leader.close()

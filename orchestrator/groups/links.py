@@ -55,9 +55,12 @@ PARTNER_GONE = (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError, ra
 OPEN_TIMEOUT_S = 5.0  # opening a link: the partner's answer, then the rendezvous
 OPEN_BACKOFF_S = 5.0  # a partner that did not answer is not asked again for this long
 CLOSE_WAIT_S = 2.0  # closing a link waits this long for the partner to take the message
-IDLE_S = 365 * 86400.0  # how long a passive waits for its active's next exchange (until it closes)
-LINK_TIMEOUT_S = 60.0  # a send or receive on an open link fails after this long (a partner's node
-# that vanished without closing its sockets; a process that died closes them and fails it at once)
+IDLE_S = 600.0  # a passive whose active sent nothing for this long ends its side (an active that vanished
+# without closing its sockets, e.g. behind a cut link, would otherwise hold the thread and buffers)
+LINK_TIMEOUT_S = 300.0  # a send or receive on an open link fails after this long (a partner's node
+# that vanished without closing its sockets; a process that died closes them and fails it at once).
+# Generous: a 40 MB float32 exchange takes 64 s at 5 Mbit/s, and an exchange in flight holds only its
+# own link, never the learner
 KEEPS_UP = 1.5  # a link keeps up while its exchanges take at most this x a step's computation
 MIN_WAIT_S = 1.0  # ... and then the active waits up to a step's computation, at least this long
 HEADER, TO_PASSIVE, TO_ACTIVE = 0, 1, 2  # message tags
@@ -81,10 +84,12 @@ def node_address(learner) -> str:
 @dataclass
 class LinkState:
     """One side's state of one link: the codec, the payload buffers and, for a lossy codec, the
-    public copies of both sides' weights (identical on both ends)."""
+    public copies of both sides' weights (identical on both ends); whether the link crosses
+    between hosts (only then is what it sends counted in `sent_bytes`)."""
 
     codec: object
     numel: int
+    crosses: bool = True
     mine: torch.Tensor = None  # none: this side's snapshot; else its public copy
     theirs: torch.Tensor = None  # none: the partner's weights as received; else its public copy
     inbox: torch.Tensor = None  # the partner's payload
@@ -128,6 +133,7 @@ class Pending:
     payload: torch.Tensor  # what this side sends: alive until its send is done
     started: float = field(default_factory=time.perf_counter)
     arrived: threading.Event = field(default_factory=threading.Event)
+    arrived_at: float | None = None  # time.perf_counter() when its bytes were all there
     error: Exception | None = None
 
     def __post_init__(self):
@@ -139,6 +145,7 @@ class Pending:
         except RuntimeError as exc:  # the partner died, its node, or its link
             self.error = exc
         finally:
+            self.arrived_at = time.perf_counter()
             self.arrived.set()
 
     def done(self) -> bool:
@@ -187,7 +194,8 @@ class ActiveLinks:
         except RuntimeError:
             self._drop(partner_id)
             return None
-        learner.sent_bytes += payload.numel() + 8
+        if state.crosses:
+            learner.count_sent(payload.numel() + 8)
         self.pending[partner_id] = Pending(partner_id, works, version, payload)
         return self.pending[partner_id]
 
@@ -208,10 +216,13 @@ class ActiveLinks:
                 lost += 1
         return mixed, lost
 
-    def settle_all(self, learner) -> tuple[int, int]:
-        """Wait for every exchange in flight (tests and `mix`)."""
+    def settle_all(self, learner, timeout: float | None = None) -> tuple[int, int]:
+        """Wait for every exchange in flight and settle it; with `timeout`, at most that long for
+        each (one still travelling then stays in flight)."""
         mixed = lost = 0
         for pending in list(self.pending.values()):
+            if timeout is not None and not pending.arrived.wait(timeout):
+                continue
             if self._finish(learner, pending):
                 mixed += 1
             else:
@@ -224,21 +235,22 @@ class ActiveLinks:
         pending.arrived.wait()
         if pending.error is not None:  # the partner died, its node, or its link: a lost exchange
             self._drop(pending.partner_id)
+            self._retry_at[pending.partner_id] = time.monotonic() + OPEN_BACKOFF_S
             return False
         state = self._state[pending.partner_id]
-        took = time.perf_counter() - pending.started
+        took = pending.arrived_at - pending.started
         state.duration_s = took if state.duration_s is None else 0.5 * state.duration_s + 0.5 * took
         state.settle(learner, pending.version, active=True)
         return True
 
-    def keep_only(self, partners) -> None:
+    def keep_only(self, partners, learner) -> None:
         """Close the links to anyone who is no longer a partner (their exchange in flight first)."""
         wanted = {p._actor_id.hex() for p in partners}
         for partner_id in [p for p in self._links if p not in wanted]:
-            self._close(partner_id)
+            self._close(partner_id, learner)
 
-    def close(self) -> None:
-        self.keep_only([])
+    def close(self, learner) -> None:
+        self.keep_only([], learner)
 
     def _open(self, learner, partner, partner_id: str):
         now = time.monotonic()
@@ -253,10 +265,11 @@ class ActiveLinks:
                 self._store = dist.TCPStore(self._host, 0, is_master=True, wait_for_workers=False,
                                             timeout=timedelta(seconds=OPEN_TIMEOUT_S))
                 self._store_retry_at = 0.0
-            codec = ray.get(partner.open_link.remote(key, f"{self._host}:{self._store.port}", self.codec.name,
-                                                     self.interface), timeout=OPEN_TIMEOUT_S)
+            codec, address = ray.get(partner.open_link.remote(key, f"{self._host}:{self._store.port}",
+                                                              self.codec.name, self.interface), timeout=OPEN_TIMEOUT_S)
             self._links[partner_id] = pair_group(self._store, key, 0, self._host, self.interface)
-            self._state[partner_id] = LinkState(codec_for(codec), learner.numel)  # public copies start at zero
+            # public copies start at zero on both ends
+            self._state[partner_id] = LinkState(codec_for(codec), learner.numel, crosses=address != self._host)
         except ray.exceptions.ActorUnavailableError:
             self._retry_at[partner_id] = time.monotonic() + OPEN_BACKOFF_S
             return None
@@ -270,13 +283,19 @@ class ActiveLinks:
             return None
         return self._links[partner_id]
 
-    def _close(self, partner_id: str) -> None:
-        pending = self.pending.pop(partner_id, None)
-        link = self._links.pop(partner_id)
+    def _close(self, partner_id: str, learner) -> None:
+        """Close one link: its exchange in flight is settled if its bytes arrive within
+        CLOSE_WAIT_S (the passive settles its side once they have: both move, the sum is kept),
+        then the partner is told."""
+        pending = self.pending.get(partner_id)
+        if pending is not None and pending.arrived.wait(CLOSE_WAIT_S) and learner is not None:
+            self._finish(learner, pending)
+        self.pending.pop(partner_id, None)
+        link = self._links.pop(partner_id, None)
         self._state.pop(partner_id, None)
+        if link is None:  # the exchange failed: the link is gone already
+            return
         try:
-            if pending is not None:  # its bytes are on their way: let them arrive (unsettled)
-                pending.arrived.wait(CLOSE_WAIT_S)
             link.send([torch.tensor([CLOSE])], 1, HEADER).wait(timedelta(seconds=CLOSE_WAIT_S))
         except RuntimeError:
             pass
@@ -296,17 +315,19 @@ class PassiveLinks:
         self.learner = learner
         self.exit_in_exchange = False
 
-    def open(self, key: str, address: str, codec: str = "none", interface: str | None = None) -> str:
+    def open(self, key: str, address: str, codec: str = "none", interface: str | None = None) -> tuple[str, str]:
         """Serve a link an active partner opens (its rendezvous at `address`); returns the link's
-        codec: `codec`, or `none` when the active is on this learner's host (loopback has the
-        bytes to spare, and an exact exchange leaves both on the same mean)."""
-        if address.rsplit(":", 1)[0] == node_address(self.learner):
-            codec = "none"
-        threading.Thread(target=self._serve, args=(key, address, codec, interface), name=f"gossip-{key}",
+        codec, `codec` or `none` when the active is on this learner's host (loopback has the
+        bytes to spare, and an exact exchange leaves both on the same mean), and this learner's
+        node address."""
+        own = node_address(self.learner)
+        crosses = address.rsplit(":", 1)[0] != own
+        codec = codec if crosses else "none"
+        threading.Thread(target=self._serve, args=(key, address, codec, interface, crosses), name=f"gossip-{key}",
                          daemon=True).start()
-        return codec
+        return codec, own
 
-    def _serve(self, key: str, address: str, codec: str, interface: str | None) -> None:
+    def _serve(self, key: str, address: str, codec: str, interface: str | None, crosses: bool) -> None:
         host, port = address.rsplit(":", 1)
         try:
             store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=OPEN_TIMEOUT_S))
@@ -314,7 +335,7 @@ class PassiveLinks:
         except RuntimeError:  # the active gave up or went away before the rendezvous
             return
         header = torch.zeros(1, dtype=torch.int64)
-        state = LinkState(codec_for(codec), self.learner.numel)
+        state = LinkState(codec_for(codec), self.learner.numel, crosses)
         try:
             while True:
                 link.recv([header], 0, HEADER).wait(timedelta(seconds=IDLE_S))  # idle links stay open
@@ -331,7 +352,8 @@ class PassiveLinks:
         works = [link.recv([state.inbox], 0, TO_PASSIVE)]  # under way while this side takes its snapshot
         payload, version = state.outgoing(learner)
         works.append(link.send([payload], 0, TO_ACTIVE))
-        learner.sent_bytes += payload.numel()
+        if state.crosses:
+            learner.count_sent(payload.numel())
         wait_all(works)  # no lock held: this learner steps on meanwhile
         state.settle(learner, version, active=False)
-        learner.averages += 1
+        learner.count_averages(1)

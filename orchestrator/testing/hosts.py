@@ -21,8 +21,9 @@ host name instead of the node's address fails as it would on such hosts.
 Everything is removed by `close()` (also at interpreter exit, and on the way out of `with`): Ray's
 processes by their PIDs (never `ray stop`), the links, the namespaces, the bridge. A process that
 died without closing leaves its index claimed by a dead PID; the next `Hosts` on the machine
-removes what it left. Indices are claimed under a file lock, so several processes (pytest-xdist
-workers) can each have hosts at once.
+removes what it left (the Ray processes whose command lines name its subnet, then its network).
+Indices are claimed under a file lock, so several processes (pytest-xdist workers) can each have
+hosts at once.
 
 Needs root, `ip` and `tc` (iproute2); `unavailable()` says why not, for a test to skip with.
 
@@ -249,7 +250,7 @@ class Hosts:
             if self.head is not None:
                 self.head.stop()
         finally:
-            _remove_network(self.index)
+            _remove_leftovers(self.index)  # what else runs in its namespaces or names its subnet
             _release_index(self.index)
 
     def __enter__(self) -> Hosts:
@@ -273,22 +274,27 @@ print(json.dumps({"actors": actors, "placement groups": groups}, allow_nan=False
 
 # -- claiming an index ------------------------------------------------------------------------------
 def _claim_index() -> int:
-    """The first index no live process holds (what a dead one left is removed first)."""
+    """The first index no live process holds, after removing what dead holders left."""
     CLAIMS.mkdir(parents=True, exist_ok=True)
     with open(CLAIMS / "lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
+        held = set()
+        for claim in CLAIMS.iterdir():
+            if not claim.name.isdigit():
+                continue
+            try:
+                owner = int(claim.read_text().strip() or 0)
+            except (OSError, ValueError):
+                owner = 0
+            if owner and _alive(owner):
+                held.add(int(claim.name))
+            else:  # its holder died without closing (SIGKILL, a crash): remove what it left
+                _remove_leftovers(int(claim.name))
+                claim.unlink(missing_ok=True)
         for k in range(INDICES):
-            claim = CLAIMS / str(k)
-            if claim.exists():
-                try:
-                    owner = int(claim.read_text().strip() or 0)
-                except (OSError, ValueError):
-                    owner = 0
-                if owner and _alive(owner):
-                    continue
-                _remove_leftovers(k)
-            claim.write_text(str(os.getpid()))
-            return k
+            if k not in held:
+                (CLAIMS / str(k)).write_text(str(os.getpid()))
+                return k
     raise HostsUnavailable(f"all {INDICES} host subnets are claimed ({CLAIMS})")
 
 
@@ -346,6 +352,10 @@ def _remove_network(k: int) -> None:
     """Index `k`'s namespaces (with their `eth0`s), veths, bridge and hosts files, whatever exists."""
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
     for name in [n for n in listed if n.startswith(f"chorus{k}h")]:
+        pids = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True).stdout.split()
+        for pid in pids:  # a namespace with processes in it outlives `ip netns del`
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(pid), signal.SIGKILL)
         subprocess.run(["ip", "netns", "del", name], capture_output=True)
         shutil.rmtree(Path("/etc/netns") / name, ignore_errors=True)
     for name in _links():

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -114,3 +115,23 @@ def test_cross_host_traffic_goes_through_the_shaped_links_and_nothing_remains(co
             crossing = max(summary["sent_bytes"][str(learner)] for learner in by_address[f"198.18.{index}.{i + 1}"])
             assert 0 < crossing <= through[i], (kind, crossing, through)
             assert through[i] >= 0.95 * on_link[i], (kind, through, on_link)
+
+
+def test_what_a_killed_owner_left_is_removed_by_the_next_hosts():
+    """A process killed while it holds hosts (SIGKILL: no cleanup of its own runs) leaves its
+    namespaces, links and Ray processes; the next `Hosts` made on the machine removes them."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; from orchestrator.testing.hosts import Hosts; "
+                              "h = Hosts(count=1, cpus=1); print(h.index, flush=True); time.sleep(600)"],
+                             stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        index = int(child.stdout.readline())
+        left = remnants(index)
+        assert any(r.startswith("namespace") for r in left) and any(r.startswith("process") for r in left), left
+    finally:
+        child.kill()
+        child.wait()
+    assert remnants(index), "nothing was left to remove: the test shows nothing"
+    with Hosts(count=1, cpus=1):  # it removes what the dead holder left before it takes an index
+        pass
+    # the child's Ray processes too: a new holder of the same index would stop only its own
+    assert remnants(index) == []
