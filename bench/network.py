@@ -284,6 +284,22 @@ def judge(stats: dict, ttw: dict | None) -> dict:
     return checks
 
 
+def markdown(result: dict) -> str:
+    """The throughput figures as a table: per link and contender, samples/s and MB/s each host
+    sent (medians [IQR]), and the ratio to Ray Train's samples/s on that link."""
+    lines = ["| link | contender | samples/s | / Ray Train | MB/s sent per host |", "|---|---|---:|---:|---:|"]
+    for link, by_name in result["throughput"].items():
+        base = by_name.get("ray_train", {}).get("samples_per_s")
+        for name, entry in by_name.items():
+            s = entry["samples_per_s"]
+            versus = compare(s, base) if base and name != "ray_train" else None
+            ratio = f"{versus['ratio']:.2f} ({versus['verdict']})" if versus else "–"
+            sent = " / ".join(f"{h['median']:.2f}" for h in entry["sent_mb_per_s"])
+            lines.append(f"| {link} | {name} | {s['median']:.1f} [{s['iqr'][0]:.1f}, {s['iqr'][1]:.1f}] | {ratio} | "
+                         f"{sent} |")
+    return "\n".join(lines)
+
+
 def plot(result: dict, path: Path) -> None:
     stats = result["throughput"]
     links = [link for link in LINKS if link in stats]
@@ -327,7 +343,11 @@ def main() -> int:
     parser.add_argument("--eval-every", type=float, default=15.0)
     parser.add_argument("--skip", default="", help="sections to leave out: ablations, time_to_wer")
     parser.add_argument("--pilot", action="store_true", help="one run of each, printed, no results written")
+    parser.add_argument("--table", action="store_true", help="print results/network.json as Markdown, run nothing")
     args = parser.parse_args()
+    if args.table:
+        print(markdown(json.loads((RESULTS / "network.json").read_text())))
+        return 0
     links, names, skip = args.links.split(","), args.contenders.split(","), set(args.skip.split(","))
     unknown = sorted((set(links) - set(LINKS)) | (set(names) - set(MAIN) - set(ABLATIONS)))
     if unknown:
@@ -374,6 +394,7 @@ def main() -> int:
               "checks": checks, "passed": all(c["held"] for c in checks.values()),
               "runs": runs, "time_to_wer_runs": ttw_runs}
     write_results(RESULTS / "network.json", result, plot)
+    print(markdown(result))
     for key, check in checks.items():
         print(f"{'ok  ' if check['held'] else 'MISS'} {key}: {check.get('ratio')} ({check.get('verdict', '')})")
     print(f"passed: {result['passed']}")
