@@ -142,6 +142,7 @@ class Learner(ReplicaWeights):
         self.counter_lock = threading.Lock()  # counters that its links' serving threads add to
         self.step = self.samples = self.epoch = self.averages = 0
         self.failed_exchanges = 0  # gossip exchanges lost to a partner that died
+        self.busy_steps = 0  # gossip steps that started no exchange: every link still carried one
         self.sent_bytes = 0  # what its group sent between hosts (collectives: by their algorithm's count)
         self.progress = 0.0  # fraction of the job's budget spent, set by the driver
         self.lr_scale = 1.0  # times the scheduled learning rate; halved by each rollback, kept in the state
@@ -267,8 +268,8 @@ class Learner(ReplicaWeights):
     # -- state --------------------------------------------------------------------------------
     def counters(self) -> dict:
         return {"step": self.step, "samples": self.samples, "epoch": self.epoch, "position": self.position,
-                "averages": self.averages, "failed_exchanges": self.failed_exchanges, "lr_scale": self.lr_scale,
-                "sent_bytes": self.sent_bytes}
+                "averages": self.averages, "failed_exchanges": self.failed_exchanges, "busy_steps": self.busy_steps,
+                "lr_scale": self.lr_scale, "sent_bytes": self.sent_bytes}
 
     def state(self) -> dict:
         """Model, optimizer and counters: a consistent copy on the CPU, taken under the weight lock."""

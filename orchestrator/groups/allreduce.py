@@ -92,6 +92,8 @@ class AllreduceMember:
     def close(self) -> None:
         if self.buckets is not None:
             self.buckets.close()
+        if self.by_host is not None:
+            self.by_host.close()
         leave_process_group()
 
 

@@ -93,6 +93,8 @@ class GossipMember:
         learner.comm_s += time.perf_counter() - started
         if free and pending is None:  # no link could be had: this step goes unmixed
             learner.failed_exchanges += 1
+        elif not free:  # every link still carries an earlier exchange (slower than the steps)
+            learner.busy_steps += 1
         return pending
 
     def finish_exchange(self, learner, exchange, compute_s: float = 0.0) -> None:

@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from orchestrator.groups.compression import Residual, codec_for
+from orchestrator.groups.errors import GroupBroken
 from orchestrator.learner import GRAD_TAIL as TAIL  # the gradient buffer's exact slots
 
 
@@ -55,15 +56,28 @@ class HostReduce:
 
     def sum(self, buffer: torch.Tensor) -> int:
         """Replace `buffer` (gradients, then TAIL exact slots) by its sum over every member;
-        returns the bytes this member sent to other hosts (by the algorithm's count)."""
+        returns the bytes this member sent to other hosts (by the algorithm's count). Raises
+        GroupBroken when a member is gone, having closed this member's groups."""
         sent = 0
-        if self.host_group is not None:
-            self.collective(dist.all_reduce, buffer, group=self.host_group)
-        if self.leader and self.leaders_group is not None:
-            sent += self._across(buffer)
-        if self.host_group is not None:
-            self.collective(dist.broadcast, buffer, src=self.host[0], group=self.host_group)
+        try:
+            if self.host_group is not None:
+                self.collective(dist.all_reduce, buffer, group=self.host_group)
+            if self.leader and self.leaders_group is not None:
+                sent += self._across(buffer)
+            if self.host_group is not None:
+                self.collective(dist.broadcast, buffer, src=self.host[0], group=self.host_group)
+        except GroupBroken:
+            self.close()
+            raise
         return sent
+
+    def close(self) -> None:
+        """Let go of this member's groups, which closes their connections: a member blocked on
+        this one in another group (a leader waiting across hosts for this host's leader, which
+        lost a member of its host) fails at once instead of at the collective timeout.
+        `destroy_process_group` shuts the groups down but leaves their connections open while
+        anything still refers to them."""
+        self.host_group = self.leaders_group = None
 
     def _across(self, buffer: torch.Tensor) -> int:
         """The leaders' sum of their hosts' sums."""
