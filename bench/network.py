@@ -46,6 +46,8 @@ claimed as a win. Writes `bench/results/network.json` and `network.png`.
 Usage (as root: namespaces and tc; run nothing else heavy beside it):
     .venv/bin/python bench/network.py                       # everything (~3.5 h)
     .venv/bin/python bench/network.py --links 100mbit --contenders ray_train,gossip --pilot
+    .venv/bin/python bench/network.py --links 100mbit,20mbit --skip ablations,time_to_wer \
+        --earlier bench/work/network/runs-ef518e6.jsonl   # some links now, the rest from an earlier run
 """
 
 from __future__ import annotations
@@ -213,6 +215,19 @@ def section(names: list[str], links: list[str], hosts, feats, wall, eval_every, 
     return runs
 
 
+def earlier_runs(path: Path, names: list[str], repeats: int, skip: set[str]) -> dict:
+    """The links of an earlier run's log (`runs.jsonl`) that every one of `names` ran `repeats`
+    times in (a cut-short run's last link is left out), with every contender that ran them so
+    often, but for `skip`: {"runs": link -> name -> runs}."""
+    by_link: dict[str, dict[str, list[dict]]] = {}
+    for line in path.read_text().splitlines():
+        run = json.loads(line)
+        by_link.setdefault(run["link"], {}).setdefault(run["contender"], []).append(run)
+    return {"runs": {link: {n: rs for n, rs in by_name.items() if len(rs) >= repeats}
+                     for link, by_name in by_link.items()
+                     if link not in skip and all(len(by_name.get(n, [])) >= repeats for n in names)}}
+
+
 def throughput_stats(runs: dict) -> dict:
     return {link: {name: {"samples_per_s": summary([r["samples_per_s"] for r in rs], 3),
                           "sent_mb_per_s": [summary([r["sent_per_s"][h] / 1e6 for r in rs], 3) for h in range(HOSTS)]}
@@ -276,11 +291,13 @@ def judge(stats: dict, ttw: dict | None) -> dict:
         ok = a is not None and b is not None
         checks[f"{name} unshaped / ray_train"] = {**(compare(a, b) if ok else {}), "least": 0.95,
                                                   "held": ok and a["median"] >= 0.95 * b["median"]}
-    if ttw is not None:
+    key = "time to ray_train's WER, better of gossip and hierarchical / ray_train"
+    if ttw is None:
+        checks[key] = {"held": False, "why": "not measured"}
+    else:
         best = [ttw.get(f"{n}_wer_ratio") for n in ("gossip", "hierarchical") if ttw.get(f"{n}_wer_ratio")]
         low = min(best, key=lambda s: s["median"]) if best else None
-        checks["time to ray_train's WER, better of gossip and hierarchical / ray_train"] = {
-            "ratio": low["median"] if low else None, "most": 0.3, "held": bool(low) and low["median"] <= 0.3}
+        checks[key] = {"ratio": low["median"] if low else None, "most": 0.3, "held": bool(low) and low["median"] <= 0.3}
     return checks
 
 
@@ -333,31 +350,10 @@ def plot(result: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--links", default=",".join(LINKS))
-    parser.add_argument("--contenders", default=",".join(MAIN))
-    parser.add_argument("--repeats", type=int, default=MIN_REPEATS)
-    parser.add_argument("--budget", type=float, default=45.0, help="training seconds of each throughput run")
-    parser.add_argument("--wer-budget", type=float, default=150.0, help="training seconds of each time-to-WER run")
-    parser.add_argument("--eval-every", type=float, default=15.0)
-    parser.add_argument("--skip", default="", help="sections to leave out: ablations, time_to_wer")
-    parser.add_argument("--pilot", action="store_true", help="one run of each, printed, no results written")
-    parser.add_argument("--table", action="store_true", help="print results/network.json as Markdown, run nothing")
-    args = parser.parse_args()
-    if args.table:
-        print(markdown(json.loads((RESULTS / "network.json").read_text())))
-        return 0
-    links, names, skip = args.links.split(","), args.contenders.split(","), set(args.skip.split(","))
-    unknown = sorted((set(links) - set(LINKS)) | (set(names) - set(MAIN) - set(ABLATIONS)))
-    if unknown:
-        parser.error(f"unknown links or contenders: {unknown}")
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))  # clean up the hosts as on Ctrl-C
-    feats = corpus()
-    log = WORK / "runs.jsonl"
+def measure_all(args, links: list[str], names: list[str], skip: set[str], feats: Path, log: Path):
+    """Every section this invocation runs, on one set of hosts: (link -> name -> runs, the
+    time-to-WER runs or None)."""
     log.unlink(missing_ok=True)
-    started = time.time()
     with Hosts(count=HOSTS, cpus=CPUS) as hosts:
         # Ray Train's gloo needs the interface named by hand on these hosts (Chorus finds it itself)
         ray.init(address=hosts.gcs_address, log_to_driver=False,
@@ -367,7 +363,7 @@ def main() -> int:
                 for link in links:
                     for name in names:
                         measure(name, hosts, feats, link, args.budget, None, log)
-                return 0
+                return {}, None
             runs = section(names, links, hosts, feats, args.budget, None, args.repeats, log)
             if "ablations" not in skip:
                 extra = section(ABLATIONS, [lk for lk in ABLATION_LINKS if lk in links], hosts, feats,
@@ -383,16 +379,56 @@ def main() -> int:
             raise
         finally:
             ray.shutdown()
+    return runs, ttw_runs
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--links", default=",".join(LINKS))
+    parser.add_argument("--contenders", default=",".join(MAIN))
+    parser.add_argument("--repeats", type=int, default=MIN_REPEATS)
+    parser.add_argument("--budget", type=float, default=45.0, help="training seconds of each throughput run")
+    parser.add_argument("--wer-budget", type=float, default=150.0, help="training seconds of each time-to-WER run")
+    parser.add_argument("--eval-every", type=float, default=15.0)
+    parser.add_argument("--skip", default="", help="sections to leave out: ablations, time_to_wer")
+    parser.add_argument("--pilot", action="store_true", help="one run of each, printed, no results written")
+    parser.add_argument("--table", action="store_true", help="print results/network.json as Markdown, run nothing")
+    parser.add_argument("--earlier", type=Path, action="append", help="a runs.jsonl of an earlier run (repeatable): "
+                        "its complete links that this run does not measure go into the results, named as such "
+                        "(`earlier`); with --links '' the results are made from these logs alone")
+    args = parser.parse_args()
+    if args.table:
+        print(markdown(json.loads((RESULTS / "network.json").read_text())))
+        return 0
+    links, names = [lk for lk in args.links.split(",") if lk], args.contenders.split(",")
+    skip = set(args.skip.split(","))
+    unknown = sorted((set(links) - set(LINKS)) | (set(names) - set(MAIN) - set(ABLATIONS)))
+    if unknown:
+        parser.error(f"unknown links or contenders: {unknown}")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))  # clean up the hosts as on Ctrl-C
+    feats = corpus()
+    log = WORK / "runs.jsonl"
+    started = time.time()
+    runs, ttw_runs = measure_all(args, links, names, skip, feats, log) if links else ({}, None)
+    if args.pilot:
+        return 0
+    earlier = {}  # link -> the log it comes from
+    for path in args.earlier or []:
+        for link, by_name in earlier_runs(path, names, args.repeats, skip=set(runs))["runs"].items():
+            runs[link], earlier[link] = by_name, str(path)
+    runs = {link: runs[link] for link in LINKS if link in runs}
     stats = throughput_stats(runs)
     ttw = time_to_wer(ttw_runs) if ttw_runs else None
     checks = judge(stats, ttw)
     result = {"benchmark": "network", "hosts": HOSTS, "cpus_per_host": CPUS, "learners": LEARNERS,
               "model_overrides": MODEL, "budget_s": args.budget, "wer_budget_s": args.wer_budget,
-              "eval_every_s": args.eval_every, "repeats": args.repeats, "links": {k: LINKS[k] for k in links},
+              "eval_every_s": args.eval_every, "repeats": args.repeats, "links": {k: LINKS[k] for k in runs},
               "contenders": {n: CHORUS.get(n, "ray_train (DDP, gloo)") for n in names + ABLATIONS},
               "wall_s": round(time.time() - started, 1), "throughput": stats, "time_to_wer": ttw,
               "checks": checks, "passed": all(c["held"] for c in checks.values()),
-              "runs": runs, "time_to_wer_runs": ttw_runs}
+              "runs": runs, "time_to_wer_runs": ttw_runs,
+              "earlier": earlier}
     write_results(RESULTS / "network.json", result, plot)
     print(markdown(result))
     for key, check in checks.items():

@@ -141,8 +141,7 @@ class Learner(ReplicaWeights):
         self.lock = threading.Lock()
         self.counter_lock = threading.Lock()  # counters that its links' serving threads add to
         self.step = self.samples = self.epoch = self.averages = 0
-        self.failed_exchanges = 0  # gossip exchanges lost to a partner that died
-        self.busy_steps = 0  # gossip steps that started no exchange: every link still carried one
+        self.failed_exchanges = self.busy_steps = 0  # gossip: exchanges lost; steps that started none (links busy)
         self.sent_bytes = 0  # what its group sent between hosts (collectives: by their algorithm's count)
         self.progress = 0.0  # fraction of the job's budget spent, set by the driver
         self.lr_scale = 1.0  # times the scheduled learning rate; halved by each rollback, kept in the state
