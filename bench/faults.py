@@ -1123,14 +1123,17 @@ def main() -> int:
                 print(f"[{fault.name} / {group}] {json.dumps(record)}", flush=True)
         finally:
             bench.shutdown()
-    if args.merge and args.out.is_file():
-        done = {(r["fault"], r["group"]) for r in rows}
-        rows = [r for r in json.loads(args.out.read_text())["rows"] if (r["fault"], r["group"]) not in done] + rows
+    commit, now = git_head(), datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+    for row in rows:
+        row.update(commit=commit, measured_at=now)
+    if args.merge and args.out.is_file():  # the rows kept say when and at which commit they were measured
+        done, earlier = {(r["fault"], r["group"]) for r in rows}, json.loads(args.out.read_text())
+        rows = [{"commit": earlier["commit"], "measured_at": earlier["measured_at"], **r} for r in earlier["rows"]
+                if (r["fault"], r["group"]) not in done] + rows
         order = {(f.name, g): i for i, (f, g) in enumerate((f, g) for f in FAULTS for g in f.groups)}
         rows.sort(key=lambda r: order.get((r["fault"], r["group"]), math.inf))
     passed = bool(rows) and all(row_passed(r) for r in rows)
-    result = {"rows": rows, "passed": passed, "commit": git_head(),
-              "measured_at": datetime.datetime.now().astimezone().isoformat(timespec="seconds"), "machine": machine()}
+    result = {"rows": rows, "passed": passed, "commit": commit, "measured_at": now, "machine": machine()}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2, allow_nan=False) + "\n")
     plot(rows, args.out.with_suffix(".png"))
