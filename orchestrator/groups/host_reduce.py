@@ -53,6 +53,7 @@ class HostReduce:
             self.leaders_group = dist.new_group(sorted(self.leaders), timeout=timeout)
         self.leader = rank == self.host[0]
         self.residual: Residual | None = None
+        self._total: torch.Tensor | None = None  # the leaders' decoded sum (kept: a fresh one costs its page faults)
 
     def sum(self, buffer: torch.Tensor) -> int:
         """Replace `buffer` (gradients, then TAIL exact slots) by its sum over every member;
@@ -92,9 +93,11 @@ class HostReduce:
         payload = self.residual.encode(grads).to(buffer.device)
         gathered = [torch.empty_like(payload) for _ in range(count)]
         self.collective(dist.all_gather, gathered, payload, group=self.leaders_group)
-        total = torch.zeros(grads.numel())
+        if self._total is None or self._total.numel() != grads.numel():
+            self._total = torch.empty(grads.numel())
+        total = self._total.zero_()
         for part in gathered:  # the same order on every leader: the same bits
-            total.add_(self.codec.decode(part.cpu(), grads.numel()))
+            self.codec.decode_add(part.cpu(), grads.numel(), total)
         grads.copy_(total.to(buffer.device))
         return payload.numel() * (count - 1) + ring_bytes(TAIL * 4, count)
 

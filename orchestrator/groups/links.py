@@ -95,8 +95,11 @@ class LinkState:
     inbox: torch.Tensor = None  # the partner's payload
     duration_s: float | None = None  # the link's recent exchange time (a moving average), as the active saw it
 
+    work: torch.Tensor = None  # lossy: scratch of the same length (a fresh 40 MB tensor costs its page faults)
+
     def __post_init__(self):
         self.mine, self.theirs = torch.zeros(self.numel), torch.zeros(self.numel)
+        self.work = torch.empty(self.numel) if self.codec.lossy else None
         self.inbox = torch.empty(self.codec.payload_bytes(self.numel), dtype=torch.uint8) if self.codec.lossy \
             else self.theirs.view(torch.uint8)  # float32 arrives in place
 
@@ -105,10 +108,9 @@ class LinkState:
         if not self.codec.lossy:
             version = learner.snapshot(self.mine)
             return self.mine.view(torch.uint8), version
-        snapshot = torch.empty(self.numel)
-        version = learner.snapshot(snapshot)
-        payload = self.codec.encode(snapshot.sub_(self.mine))
-        self.mine.add_(self.codec.decode(payload, self.numel))
+        version = learner.snapshot(self.work)
+        payload = self.codec.encode(self.work.sub_(self.mine))
+        self.codec.decode_add(payload, self.numel, self.mine)
         return payload, version
 
     def settle(self, learner, version: int, active: bool) -> None:
@@ -118,8 +120,8 @@ class LinkState:
             pair = (self.theirs, self.mine) if not active else (self.mine, self.theirs)
             learner.settle_mean(pair[0], pair[1], self.mine, version)
             return
-        self.theirs.add_(self.codec.decode(self.inbox, self.numel))
-        learner.add_to_weights(torch.sub(self.theirs, self.mine).mul_(0.5))
+        self.codec.decode_add(self.inbox, self.numel, self.theirs)
+        learner.add_to_weights(torch.sub(self.theirs, self.mine, out=self.work).mul_(0.5))
 
 
 @dataclass

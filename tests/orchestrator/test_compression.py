@@ -36,6 +36,19 @@ def test_each_codec_sends_its_bytes_and_stays_within_its_rounding(name, per_valu
         assert bool((error <= steps / 2 + 1e-7).all())
 
 
+@pytest.mark.parametrize("name", ["none", "bf16", "int8"])
+def test_decoding_into_a_tensor_adds_the_same_values_as_decoding(name):
+    """`decode_add` (in place, the workspace reused between calls) adds what `decode` returns,
+    and a second payload of another length does not see the first's values."""
+    codec, gen = codec_for(name), torch.Generator().manual_seed(4)
+    for n in (2 * INT8_BLOCK + 5, INT8_BLOCK - 3):
+        values, base = torch.randn(n, generator=gen), torch.randn(n, generator=gen)
+        payload = codec.encode(values)
+        out = base.clone()
+        codec.decode_add(payload, n, out, alpha=-0.5)
+        assert torch.allclose(out, base - 0.5 * codec.decode(payload, n), atol=1e-6)
+
+
 def test_an_unknown_compression_is_named():
     with pytest.raises(ValueError, match="unknown compression 'fp8'"):
         codec_for("fp8")
