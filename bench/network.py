@@ -7,7 +7,8 @@ unshaped, 1 Gbit/s, 100 Mbit/s and 20 Mbit/s. Four learners (1 CPU, one torch th
 host, train the ~10M-parameter BiLSTM-CTC of bench/vs_ray_train.py (tiny.yaml's model widened:
 gradients and weights are 40 MB) on 2,000 synthesized utterances (espeak-ng, seed 0), their
 filterbanks computed once beforehand (`chorus features`), with tiny.yaml's batches (40 padded
-seconds a learner a step), optimizer and learning-rate schedule over the same wall budget.
+seconds a learner a step; `--batch-seconds` changes it for everyone), optimizer and learning-rate
+schedule over the same wall budget.
 
 Contenders, interleaved (`_common.interleaved`, order rotating), on the same hosts, data, batch
 and learning rate:
@@ -96,6 +97,7 @@ CHORUS = {  # name -> (group.kind, group.compression, group.topology_aware)
 MAIN = ["ray_train", "allreduce", "allreduce_int8", "gossip", "hierarchical"]
 ABLATIONS = ["gossip_none", "hierarchical_none", "gossip_blind"]
 ABLATION_LINKS = ["20mbit"]
+BATCH_SECONDS = 40.0  # padded audio seconds a learner a step (--batch-seconds): tiny.yaml's
 WER_CONTENDERS, WER_LINK = ["ray_train", "gossip", "hierarchical", "gossip_none"], "100mbit"
 WER_WARMUP_STEPS = 10  # time-to-WER runs: tiny.yaml's 100 warm-up steps are ~10 minutes of Ray Train at 100 Mbit/s
 cloudpickle.register_pickle_by_value(ray_train_baseline)  # Ray Train's workers cannot import bench/ modules
@@ -121,7 +123,8 @@ def job_spec(feats: Path, name: str, wall: float, eval_every: float | None):
     kind, compression, aware = CHORUS.get(name, ("allreduce", "none", True))
     warmup = [f"optim.warmup_steps={WER_WARMUP_STEPS}"] if eval_every else []
     return load_spec(ROOT / "jobs" / "configs" / "tiny.yaml", [
-        *MODEL, *warmup, f"data.train={feats}/train", f"data.dev={feats}/dev", "data.test=null",
+        *MODEL, *warmup, f"data.max_batch_seconds={BATCH_SECONDS}", f"data.train={feats}/train",
+        f"data.dev={feats}/dev", "data.test=null",
         "data.test_unseen=null",
         "data.test_unseen_engine=null", "budget.epochs=10000", f"budget.wall_seconds={wall}",
         "budget.eval_every_epochs=10000", f"budget.eval_every_seconds={eval_every or 'null'}",
@@ -396,7 +399,9 @@ def main() -> int:
     parser.add_argument("--earlier", type=Path, action="append", help="a runs.jsonl of an earlier run (repeatable): "
                         "its complete links that this run does not measure go into the results, named as such "
                         "(`earlier`); with --links '' the results are made from these logs alone")
+    parser.add_argument("--batch-seconds", type=float, default=BATCH_SECONDS, help="padded seconds a learner a step")
     args = parser.parse_args()
+    globals()["BATCH_SECONDS"] = args.batch_seconds
     if args.table:
         print(markdown(json.loads((RESULTS / "network.json").read_text())))
         return 0
@@ -422,7 +427,8 @@ def main() -> int:
     ttw = time_to_wer(ttw_runs) if ttw_runs else None
     checks = judge(stats, ttw)
     result = {"benchmark": "network", "hosts": HOSTS, "cpus_per_host": CPUS, "learners": LEARNERS,
-              "model_overrides": MODEL, "budget_s": args.budget, "wer_budget_s": args.wer_budget,
+              "model_overrides": MODEL, "batch_seconds": args.batch_seconds, "budget_s": args.budget,
+              "wer_budget_s": args.wer_budget,
               "eval_every_s": args.eval_every, "repeats": args.repeats, "links": {k: LINKS[k] for k in runs},
               "contenders": {n: CHORUS.get(n, "ray_train (DDP, gloo)") for n in names + ABLATIONS},
               "wall_s": round(time.time() - started, 1), "throughput": stats, "time_to_wer": ttw,
