@@ -25,10 +25,11 @@ class PlacementTimeout(RuntimeError):
     pass
 
 
-def learner_bundle(cpus: float, use_gpus: bool, resources: dict[str, float] | None = None) -> dict:
-    """One learner's reservation: its CPUs, a GPU when it asks for one, and custom resources."""
+def learner_bundle(cpus: float, gpus: float, resources: dict[str, float] | None = None) -> dict:
+    """One learner's reservation: its CPUs, its share of a GPU when it asks for one (`gpus`: 0
+    none, 1 a whole one; True counts as 1), and custom resources."""
     bundle = {"CPU": cpus, **(resources or {})}
-    return {**bundle, "GPU": 1} if use_gpus else bundle
+    return {**bundle, "GPU": float(gpus)} if gpus else bundle
 
 
 @dataclass
@@ -136,7 +137,8 @@ class Capacity:
             self.bundle = self.pool.bundle
             return
         spec = self.spec
-        self.bundle = learner_bundle(spec.cpus_per_learner or 1.0, use_gpus(spec.accelerator), spec.learner_resources)
+        gpus = (spec.gpus_per_learner or 1.0) if use_gpus(spec.accelerator) else 0.0
+        self.bundle = learner_bundle(spec.cpus_per_learner or 1.0, gpus, spec.learner_resources)
         check_minimum(self.job_id, [self._bundle_of(k) for k in spec.accelerator_types or [None]], spec.learners.min)
 
     def ask(self, held: list[Slot], ids: list[int] = ()) -> None:
@@ -145,7 +147,8 @@ class Capacity:
         ids = list(ids)
         if not self.runtime.distributed:
             if not held and not self.pending:
-                self.pending[0] = (Slot(None, bundle={"CPU": self.spec.cpus_per_learner}), None)
+                gpu = {"GPU": 1.0} if self.spec.accelerator != "cpu" else {}  # the GPU this process sees, if any
+                self.pending[0] = (Slot(None, bundle={"CPU": self.spec.cpus_per_learner, **gpu}), None)
             return
         while len(held) + len(self.pending) < self.spec.learners.max:
             learner_id = ids[0] if ids else self.next_id

@@ -173,8 +173,11 @@ class JobSpec(BaseModel):
         cpus_per_learner: each learner's CPU reservation on Ray (default 1; fractions share a
             core); a one-learner job run without Ray uses all of this machine's cores unless it
             is set.
-        accelerator: each learner asks for one GPU (`gpu`), none (`cpu`), or (`auto`) a GPU when
-            the cluster has one or its autoscaler can launch a node type that has one.
+        accelerator: each learner asks for a GPU (`gpu`), none (`cpu`: its process sees no CUDA
+            device, whatever the node has), or (`auto`) a GPU when the cluster has one or its
+            autoscaler can launch a node type that has one.
+        gpus_per_learner: the share of a GPU each learner reserves when it asks for one (default
+            1; 0.5 puts two learners on each GPU, as Ray Train's `resources_per_worker`).
         learner_resources: custom resources added to each learner's reservation (e.g. `{V100: 1}`
             to keep learners on the nodes that advertise it).
         accelerator_types: custom resources naming interchangeable node kinds (e.g. `[V100, A10G]`,
@@ -196,6 +199,7 @@ class JobSpec(BaseModel):
     learners: LearnersConfig = LearnersConfig()
     cpus_per_learner: float | None = Field(None, gt=0)
     accelerator: Literal["auto", "gpu", "cpu"] = "auto"
+    gpus_per_learner: float | None = Field(None, gt=0, le=1)
     learner_resources: dict[str, float] = Field(default_factory=dict)
     accelerator_types: list[str] = Field(default_factory=list)
     group: GroupConfig = GroupConfig()
@@ -265,6 +269,13 @@ class JobSpec(BaseModel):
             if amount < 0:
                 raise ValueError(f"{key}: {amount} is negative")
         return value
+
+    @model_validator(mode="after")
+    def _gpus_need_an_accelerator(self) -> JobSpec:
+        if self.gpus_per_learner is not None and self.accelerator == "cpu":
+            raise ValueError(f"gpus_per_learner is {self.gpus_per_learner:g} but accelerator is cpu: "
+                             "set accelerator: gpu (or auto), or leave gpus_per_learner out")
+        return self
 
     @model_validator(mode="after")
     def _types_apart(self) -> JobSpec:

@@ -182,11 +182,12 @@ class Elastic:
 
     def nodes_used(self) -> list[dict]:
         """The inventory entries (`cluster.node_inventory`) of the nodes that hosted learners,
-        with those learners' ids; nodes that are gone by now keep only their id."""
+        with those learners' ids and the share of a GPU each reserved (0: none); nodes that are
+        gone by now keep only their id."""
         if not self.runtime.distributed:
             return []
         from orchestrator.cluster import node_inventory
 
-        known = {n["node_id"]: n for n in node_inventory()}
-        return [{**known.get(node, {"node_id": node, "gone": True}), "learners": ids}
+        known, gpus = {n["node_id"]: n for n in node_inventory()}, self.capacity.bundle.get("GPU", 0.0)
+        return [{**known.get(node, {"node_id": node, "gone": True}), "learners": ids, "gpus_per_learner": gpus}
                 for node, ids in self.roster.hosted.items()]

@@ -118,17 +118,17 @@ class Learner(ReplicaWeights):
     learner_id: this learner's id in its job.
     planner: the job's `ShardPlanner` (or its actor), asked for this learner's shard every epoch.
     threads: torch intra-op threads for this learner.
-
-    The model lives on the GPU when the process sees one (a learner actor placed with num_gpus=1),
-    on the CPU otherwise. Weights and states cross the learner's boundary as CPU tensors.
+    use_gpu: it reserved a GPU (or a share): the model lives there if the process sees one (one
+    that reserved none is also started with CUDA hidden, `runtime.py`), else on the CPU.
+    Weights and states cross the learner's boundary as CPU tensors.
     """
 
-    def __init__(self, workload: str, workload_config: dict, seed: int, learner_id: int, planner, threads: int = 1):
+    def __init__(self, workload: str, workload_config: dict, seed: int, learner_id: int, planner, threads: int = 1,
+                 use_gpu: bool = True):
         torch.set_num_threads(max(1, threads))
-        self.device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+        self.device = torch.device("cuda" if use_gpu and torch.cuda.is_available() else "cpu")
         self.workload = build_workload(workload, workload_config, seed)
-        self.model = self.workload.build_model().to(self.device)
-        self.model.train()
+        self.model = self.workload.build_model().to(self.device).train()
         self.optimizer = self.workload.build_optimizer(self.model)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.grad_buffer = flat_grad_buffer(self.params, self.device)
@@ -138,8 +138,7 @@ class Learner(ReplicaWeights):
         self.group_links = None  # what a group keeps in this process across re-formed groups (gossip's links)
         self.node_address: str | None = None  # its node's address, which its groups bind to (None: this process only)
         self.learner_id, self.planner = learner_id, planner
-        self.lock = threading.Lock()
-        self.counter_lock = threading.Lock()  # counters that its links' serving threads add to
+        self.lock, self.counter_lock = threading.Lock(), threading.Lock()  # weights; counters its links add to
         self.step = self.samples = self.epoch = self.averages = 0
         self.failed_exchanges = self.busy_steps = 0  # gossip: exchanges lost; steps that started none (links busy)
         self.sent_bytes = 0  # what its group sent between hosts (collectives: by their algorithm's count)
@@ -386,12 +385,11 @@ class LearnerService(SimulatedFaults):
     this class as a Ray actor; one-learner jobs use it in-process."""
 
     def __init__(self, workload: str, workload_config: dict, seed: int, learner_id: int, planner, threads: int = 1,
-                 slowdown: float = 1.0):
+                 slowdown: float = 1.0, use_gpu: bool = True):
         from orchestrator.groups.links import PassiveLinks
 
-        self.learner = Learner(workload, workload_config, seed, learner_id, planner, threads)
-        self.learner._slowdown = float(slowdown)
-        self.group = None
+        self.learner = Learner(workload, workload_config, seed, learner_id, planner, threads, use_gpu)
+        self.learner._slowdown, self.group = float(slowdown), None
         self.passive_links = PassiveLinks(self.learner)  # gossip links its active partners opened
         self._trainable = None  # which entries of the model's flat state are trainable weights
         self._exit_in_join = self._exit_in_average = False
@@ -414,8 +412,9 @@ class LearnerService(SimulatedFaults):
             return sock.getsockname()[1]
 
     def hello(self) -> dict:
-        """Answers once the learner is built (and any state sent before it loaded): node, counters."""
-        return {"node": self.node_id(), "pid": os.getpid(), "ready_at": time.time(), **self.learner.counters()}
+        """Once built (and any state sent before loaded): node, pid, device, CUDA_VISIBLE_DEVICES, counters."""
+        return {"node": self.node_id(), "pid": os.getpid(), "ready_at": time.time(), "device": str(self.learner.device),
+                "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"), **self.learner.counters()}
 
     def join(self, group_state) -> None:
         """Attach this learner to its group (a groups.* member object, built by the driver),

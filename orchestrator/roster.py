@@ -111,13 +111,15 @@ class Roster:
         """An arrival answered (`hello`: its node, pid, ready time and counters): it is live."""
         arrival = self.arriving.pop(ref)
         node, ready_at, pid = hello.pop("node"), hello.pop("ready_at"), hello.pop("pid")
+        device, visible = hello.pop("device", None), hello.pop("cuda_visible_devices", None)
         self.hosted.setdefault(node, []).append(arrival.id)
         slot = LearnerSlot(arrival.id, arrival.handle, arrival.slot, node, stats=hello)
         self.live[slot.id] = slot
         self.changes.append(("join", slot.id, time.time()))
         self.events.emit("join", f"learner {slot.id} joined on node {node[:8]} "
                          f"({len(self.live)} learner{'s' if len(self.live) > 1 else ''})",
-                         learner=slot.id, node=node, pid=pid, learners=len(self.live), ready_at=round(ready_at, 3),
+                         learner=slot.id, node=node, pid=pid, device=device, cuda_visible_devices=visible,
+                         learners=len(self.live), ready_at=round(ready_at, 3),
                          ready_s=round(ready_at - arrival.placed_at, 3))
         self.metrics.learners(len(self.live))
         return slot

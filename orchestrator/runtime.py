@@ -21,6 +21,9 @@ LEARNER_MALLOC_ARENAS = "1"  # glibc malloc arenas in a learner's process (MALLO
 # default (8 per core) their freed memory stayed in per-thread arenas: a one-learner job's actor
 # grew 45-90 MB at each epoch's start (+196 MB over epochs 2-3, bench/data_pipeline.py); with one
 # arena, +18 MB, as in one process
+NO_GPU_ENV = {"CUDA_VISIBLE_DEVICES": ""}  # the environment of a process that reserved no GPU:
+# Ray (2.60) leaves CUDA_VISIBLE_DEVICES alone for an actor with num_gpus=0, so torch saw the node's
+# GPUs (on an H200, an `accelerator: cpu` learner trained on cuda and the evaluator took 820 MiB)
 
 
 def call(target, method: str, *args):
@@ -134,13 +137,15 @@ class RayRuntime:
 
         from orchestrator.learner import LearnerActor
 
-        cpus = slot.bundle.get("CPU", 1.0)
+        cpus, gpus = slot.bundle.get("CPU", 1.0), slot.bundle.get("GPU", 0)
+        env = {"MALLOC_ARENA_MAX": os.environ.get("MALLOC_ARENA_MAX", LEARNER_MALLOC_ARENAS)}
+        if not gpus:
+            env.update(NO_GPU_ENV)  # Ray shows a node's GPUs to an actor that reserves none
         return LearnerActor.options(
-            name=f"{job_id}/learner-{learner_id}", num_cpus=cpus, num_gpus=slot.bundle.get("GPU", 0),
-            runtime_env={"env_vars": {"MALLOC_ARENA_MAX": os.environ.get("MALLOC_ARENA_MAX", LEARNER_MALLOC_ARENAS)}},
+            name=f"{job_id}/learner-{learner_id}", num_cpus=cpus, num_gpus=gpus, runtime_env={"env_vars": env},
             resources={k: v for k, v in slot.bundle.items() if k not in ("CPU", "GPU")},
             scheduling_strategy=PlacementGroupSchedulingStrategy(slot.pg, placement_group_bundle_index=slot.index),
-        ).remote(workload, workload_config, seed, learner_id, planner, max(1, int(cpus)), slowdown)
+        ).remote(workload, workload_config, seed, learner_id, planner, max(1, int(cpus)), slowdown, bool(gpus))
 
     @staticmethod
     def start_service(job_id: str):
@@ -151,8 +156,9 @@ class RayRuntime:
 
         from orchestrator.job_service import JobServiceActor
 
-        return JobServiceActor.options(
-            name=f"{job_id}/service", num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(
+        return JobServiceActor.options(  # on the CPU: it reserves no GPU, so it must not take one
+            name=f"{job_id}/service", num_cpus=0, runtime_env={"env_vars": NO_GPU_ENV},
+            scheduling_strategy=NodeAffinitySchedulingStrategy(
                 ray.get_runtime_context().get_node_id(), soft=False)).remote()
 
     @staticmethod
@@ -217,7 +223,8 @@ class LocalRuntime:
 
         cpus = slot.bundle.get("CPU")
         threads = int(cpus) if cpus else torch.get_num_threads()
-        return InProcessLearner(workload, workload_config, seed, learner_id, planner, threads, slowdown)
+        return InProcessLearner(workload, workload_config, seed, learner_id, planner, threads, slowdown,
+                                bool(slot.bundle.get("GPU")))
 
     @staticmethod
     def start_service(job_id: str):

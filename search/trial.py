@@ -34,7 +34,8 @@ def trial_resources(sweep, learners: int, use_gpus: bool):
 
     from orchestrator.capacity import learner_bundle
 
-    learner = learner_bundle(sweep.learner_cpus, use_gpus, sweep.job.get("learner_resources") or {})
+    gpus = (sweep.job.get("gpus_per_learner") or 1.0) if use_gpus else 0.0
+    learner = learner_bundle(sweep.learner_cpus, gpus, sweep.job.get("learner_resources") or {})
     return PlacementGroupFactory([{"CPU": sweep.driver_cpus}] + [learner] * learners, strategy="PACK")
 
 
