@@ -231,7 +231,8 @@ def plot(result: dict, path: Path) -> None:
             color=["tab:gray", "tab:green"] * (len(names) // 2))
     ax1.set_xticks(range(len(names)), [n.replace("_", "\n") for n in names])
     ax1.set(ylabel="seconds per step (median, IQR)", title=f"learner step on {result['device_name']}")
-    comm = result.get("communication") or {}
+    comm = result.get("communication")
+    comm = comm if isinstance(comm, dict) else {}  # one device: why it was not measured, a string
     for key in ("raw_all_reduce", "allreduce_one_bucket", "allreduce_overlapped", "gossip_exchange"):
         if comm:
             ax2.plot([int(s[:-1]) for s in comm], [r["seconds"][key]["median"] for r in comm.values()], marker="o",
