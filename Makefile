@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 DEMO_DATA := data/tiny
 
-.PHONY: install demo test test-fast test-deps speech-deps lint bench clean
+.PHONY: install demo test test-fast test-deps speech-deps lint bench gpu-check gpu-check-dry clean
 
 # uv installs the ~6 GB in under half of pip's time (46 s against 106 s here, bytecode compiled by
 # both), from the sources pip is configured with and choosing the same wheels (tools/pip_sources.py)
@@ -58,6 +58,13 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/tiny_asr.py
+
+# Chorus's GPU steps on one GPU, offline (tools/gpu_check/README.md: WHEELS, what it writes); -dry: on this CPU
+GPU_PY ?= python3
+gpu-check:
+	WHEELS=$(or $(WHEELS),.gpu/whl) PY=$(GPU_PY) bash tools/gpu_check/run.sh
+gpu-check-dry: $(STAMP)
+	DRY=1 PY=$(BIN)/python bash tools/gpu_check/run.sh
 
 clean:
 	rm -rf runs data/tiny .pytest_cache
