@@ -42,7 +42,8 @@ Ray Train's samples/s and >= 0.95x their own unshaped rate; at 20 Mbit/s both >=
 unshaped rate and >= 10x Ray Train; the better of them reaches Ray Train's WER in <= 0.3x Ray
 Train's time at 100 Mbit/s; Chorus allreduce with compression >= 1.5x Ray Train (at 100 and at 20
 Mbit/s); unshaped, every Chorus contender >= 0.95x Ray Train; IQRs apart wherever a ratio is
-claimed as a win. Writes `bench/results/network.json` and `network.png`.
+claimed as a win. Writes `bench/results/network.json` and `network.png` (`network-batch<N>s.*`
+with `--batch-seconds N`).
 
 Usage (as root: namespaces and tc; run nothing else heavy beside it):
     .venv/bin/python bench/network.py                       # everything (~3.5 h)
@@ -97,7 +98,8 @@ CHORUS = {  # name -> (group.kind, group.compression, group.topology_aware)
 MAIN = ["ray_train", "allreduce", "allreduce_int8", "gossip", "hierarchical"]
 ABLATIONS = ["gossip_none", "hierarchical_none", "gossip_blind"]
 ABLATION_LINKS = ["20mbit"]
-BATCH_SECONDS = 40.0  # padded audio seconds a learner a step (--batch-seconds): tiny.yaml's
+TINY_BATCH_SECONDS = 40.0  # tiny.yaml's padded audio seconds a learner a step
+BATCH_SECONDS = TINY_BATCH_SECONDS  # this run's (--batch-seconds)
 WER_CONTENDERS, WER_LINK = ["ray_train", "gossip", "hierarchical", "gossip_none"], "100mbit"
 WER_WARMUP_STEPS = 10  # time-to-WER runs: tiny.yaml's 100 warm-up steps are ~10 minutes of Ray Train at 100 Mbit/s
 cloudpickle.register_pickle_by_value(ray_train_baseline)  # Ray Train's workers cannot import bench/ modules
@@ -385,6 +387,13 @@ def measure_all(args, links: list[str], names: list[str], skip: set[str], feats:
     return runs, ttw_runs
 
 
+def results_path(batch_seconds: float) -> Path:
+    """results/network.json for tiny.yaml's batches; network-batch<N>s.json for others (another
+    setting, not mixed into the first)."""
+    name = "network" if batch_seconds == TINY_BATCH_SECONDS else f"network-batch{batch_seconds:g}s"
+    return RESULTS / f"{name}.json"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--links", default=",".join(LINKS))
@@ -403,7 +412,7 @@ def main() -> int:
     args = parser.parse_args()
     globals()["BATCH_SECONDS"] = args.batch_seconds
     if args.table:
-        print(markdown(json.loads((RESULTS / "network.json").read_text())))
+        print(markdown(json.loads(results_path(args.batch_seconds).read_text())))
         return 0
     links, names = [lk for lk in args.links.split(",") if lk], args.contenders.split(",")
     skip = set(args.skip.split(","))
@@ -435,7 +444,7 @@ def main() -> int:
               "checks": checks, "passed": all(c["held"] for c in checks.values()),
               "runs": runs, "time_to_wer_runs": ttw_runs,
               "earlier": earlier}
-    write_results(RESULTS / "network.json", result, plot)
+    write_results(results_path(args.batch_seconds), result, plot)
     print(markdown(result))
     for key, check in checks.items():
         print(f"{'ok  ' if check['held'] else 'MISS'} {key}: {check.get('ratio')} ({check.get('verdict', '')})")
