@@ -26,15 +26,25 @@ one CPU has:
    from audio with no model, its resident set after every 2,000 utterances (what the pipeline
    holds, apart from what training on the batches adds).
 
+5. Worker processes (`data.workers`), `--only workers`: the conformer recipe's augmented input
+   (its speed, noise, reverberation and VTLP draws and 24-bin filterbanks, 20 s batches, cache
+   64 MB) prepared by 1 and 2 workers, interleaved, 5 repeats: utterances/s from the first batch
+   handed over to the `--batches`-th (the workers' start is not timed). Target: 2 workers >= 1.7x
+   1 worker, IQRs apart. Then 2 epochs with 2 workers, each worker's resident set at each
+   epoch's end. Target: each worker grows at most 32 MB in its second epoch (its cache full
+   within its bound in the first). Merged into the results as `workers`, with its commit.
+
 Writes `bench/results/data_pipeline.json` (with `passed`) and `data_pipeline.png`.
 
-Usage: .venv/bin/python bench/data_pipeline.py [--utterances 20000] [--repeats 5]
+Usage: .venv/bin/python bench/data_pipeline.py [--utterances 20000] [--repeats 5] [--only workers]
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -46,6 +56,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
+import yaml  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from jobs.feature_shards import is_features_folder, write_shards  # noqa: E402
@@ -252,6 +263,78 @@ def pipeline_memory(audio: Path) -> dict:
             "growth_after_first_2000_mb": round(points[-1][1] - points[1][1], 1)}
 
 
+WORKERS_RATIO = 1.7
+
+
+def conformer_input(train: Path, workers: int) -> AsrWorkload:
+    """conformer.yaml's training input (features, augmentation, batches) from `train`."""
+    recipe = yaml.safe_load((ROOT / "jobs" / "configs" / "conformer.yaml").read_text())
+    data = {"train": train, "max_batch_seconds": recipe["data"]["max_batch_seconds"], "cache_mb": CACHE_MB,
+            "workers": workers}
+    return AsrWorkload(WorkloadConfig(data=data, features=recipe["features"], augment=recipe["augment"]), seed=0)
+
+
+def worker_pids() -> list[int]:
+    """This process's children: the DataLoader's workers."""
+    me = str(os.getpid())
+    return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()
+            and _read(p / "stat").rpartition(")")[2].split()[1:2] == [me]]
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
+def rss_mb(pid: int) -> float:
+    line = next((x for x in _read(Path(f"/proc/{pid}/status")).splitlines() if x.startswith("VmRSS")), "VmRSS: 0 kB")
+    return int(line.split()[1]) / 1024
+
+
+def input_rate(train: Path, workers: int, batches: int) -> float:
+    w = conformer_input(train, workers)
+    stream = iter(w.batches(0, 1, 0))
+    next(stream)  # the workers are up and prepared their first batches
+    start, n = time.perf_counter(), 0
+    for i, batch in enumerate(stream):
+        n += batch.size
+        if i + 1 == batches:
+            break
+    rate = n / (time.perf_counter() - start)
+    del stream, w
+    gc.collect()  # the DataLoader's workers end with it
+    return rate
+
+
+def worker_section(audio: Path, repeats: int, batches: int) -> dict:
+    runs = {"workers_1": [], "workers_2": []}
+    for r in range(repeats):
+        for name in (runs if r % 2 == 0 else reversed(list(runs))):  # interleaved, the order alternating
+            runs[name].append(input_rate(audio / "train.jsonl", int(name[-1]), batches))
+        print(f"workers, repeat {r + 1}: " + ", ".join(f"{k} {v[-1]:.0f} utt/s" for k, v in runs.items()), flush=True)
+    stats = {k: summary(v) for k, v in runs.items()}
+    w = conformer_input(audio / "train.jsonl", 2)
+    by_epoch = []
+    for epoch in range(2):
+        for _ in w.batches(0, 1, epoch):
+            pass
+        by_epoch.append({pid: round(rss_mb(pid), 1) for pid in worker_pids()})
+    growth = max(by_epoch[1][pid] - by_epoch[0].get(pid, 0.0) for pid in by_epoch[1])
+    ratio = stats["workers_2"]["median"] / stats["workers_1"]["median"]
+    apart = stats["workers_2"]["iqr"][0] > stats["workers_1"]["iqr"][1]
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    return {"corpus": str(audio.relative_to(ROOT) if audio.is_relative_to(ROOT) else audio),
+            "utterances": len(w.train), "rates_utt_per_s": stats, "ratio_2_to_1": round(ratio, 3), "iqrs_apart": apart,
+            "worker_rss_mb_by_epoch": [list(e.values()) for e in by_epoch],
+            "worker_growth_epoch_2_mb": round(growth, 1),
+            "cache_mb": CACHE_MB, "batches": batches, "repeats": repeats, "commit": commit.stdout.strip(),
+            "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "targets": {"ratio_2_to_1": f">= {WORKERS_RATIO}, IQRs apart", "worker_growth_epoch_2_mb": f"<= {FLAT_MB}"},
+            "passed": ratio >= WORKERS_RATIO and apart and growth <= FLAT_MB}
+
+
 def summary(values: list[float]) -> dict:
     q = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
     return {"median": round(q[1], 4), "iqr": [round(q[0], 4), round(q[2], 4)], "runs": [round(v, 4) for v in values]}
@@ -259,13 +342,18 @@ def summary(values: list[float]) -> dict:
 
 def plot(result: dict, path: Path) -> None:
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.4))
-    names = list(result["rates"])
-    medians = [result["rates"][k]["median"] for k in names]
-    errors = [[m - result["rates"][k]["iqr"][0] for k, m in zip(names, medians, strict=True)],
-              [result["rates"][k]["iqr"][1] - m for k, m in zip(names, medians, strict=True)]]
-    left.bar([n.replace("_", "\n") for n in names], medians, yerr=errors, color=["#4c72b0", "#55a868", "#c44e52"])
+    rates = {**result["rates"], **{f"conformer_input_{k}": v for k, v in
+                                   result.get("workers", {}).get("rates_utt_per_s", {}).items()}}
+    names = list(rates)
+    medians = [rates[k]["median"] for k in names]
+    errors = [[m - rates[k]["iqr"][0] for k, m in zip(names, medians, strict=True)],
+              [rates[k]["iqr"][1] - m for k, m in zip(names, medians, strict=True)]]
+    left.bar([n.replace("_", "\n") for n in names], medians, yerr=errors,
+             color=["#4c72b0", "#55a868", "#c44e52", "#8172b2", "#937860"][:len(names)])
+    left.tick_params(axis="x", labelsize=7)
+    workers = f"; 2 workers / 1: {result['workers']['ratio_2_to_1']:.2f}x" if "workers" in result else ""
     left.set(ylabel="utterances/s (median, IQR)", yscale="log",
-             title=f"pipeline vs model: {result['ratio_audio_to_model']:.1f}x from audio")
+             title=f"pipeline vs model: {result['ratio_audio_to_model']:.1f}x from audio{workers}")
     memory = result["memory"]
     left.grid(True, axis="y", alpha=0.3)
     epochs = [e for _, e, _ in memory["series"]]
@@ -308,10 +396,21 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=60, help="batches per rate measurement")
     parser.add_argument("--steps", type=int, default=30, help="steps per step-time measurement")
     parser.add_argument("--epochs", type=int, default=3, help="epochs of the memory run")
+    parser.add_argument("--only", choices=["workers"], help="run one section, merged into the results")
+    parser.add_argument("--workers-corpus", type=Path, help="the corpus of the workers section (default: the bench's)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     WORK.mkdir(parents=True, exist_ok=True)
     started = time.time()
+    if args.only == "workers":
+        workers = worker_section(args.workers_corpus or corpus(args.utterances)[0], args.repeats, args.batches)
+        path = RESULTS / "data_pipeline.json"
+        result = {**json.loads(path.read_text()), "workers": workers}
+        result["passed"] = bool(result["passed"] and workers["passed"])
+        path.write_text(json.dumps(result, indent=2) + "\n")
+        plot(result, RESULTS / "data_pipeline.png")
+        print(json.dumps(workers, indent=2))
+        return
     audio, features = corpus(args.utterances)
     index = json.loads((features / "features.json").read_text())
     result = {"utterances": len(index["utterances"]),

@@ -27,7 +27,10 @@ class DataConfig(BaseModel):
     cache_mb: the features a learner keeps in memory (all splits together, least recently used
         out first); what is not kept is decoded again when next read.
     prefetch_batches: batches prepared ahead of the step in a background thread (audio decode,
-        filterbanks, padding); 0 prepares each one when the step asks for it.
+        filterbanks, padding); 0 prepares each one when the step asks for it. With `workers`, the
+        batches each worker prepares ahead.
+    workers: processes that prepare training batches in parallel (`jobs.worker_batches`); 0
+        prepares them in the learner's process. Each keeps a feature cache of `cache_mb`.
     """
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
@@ -40,6 +43,7 @@ class DataConfig(BaseModel):
     max_utterance_seconds: float = Field(60.0, gt=0)
     cache_mb: float = Field(1024.0, gt=0)
     prefetch_batches: int = Field(2, ge=0)
+    workers: int = Field(0, ge=0)
 
     @field_validator("train", *EVAL_SPLITS)
     @classmethod

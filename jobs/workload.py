@@ -36,6 +36,7 @@ from jobs.pipeline import FeatureCache, Prefetcher
 from jobs.sections import EVAL_SPLITS, OptimConfig, WorkloadConfig
 from jobs.tokenizer import BpeTokenizer, CharTokenizer, build_tokenizer, output_size, tokenizer_from_state
 from jobs.wer import word_error_rate
+from jobs.worker_batches import WorkerBatches
 
 WARPS_NEED_AUDIO = "decoding.warps reads each utterance's audio through warped filterbanks"
 WARPS_ADVICE = "set decoding.warps to null (chorus eval: --no-warps) or name the audio's manifest"
@@ -90,6 +91,15 @@ class Corpus:
         self.cache = cache if cache is not None else FeatureCache(None)
         self._key = str(self.source.resolve())
         self._bad: set[int] = set()
+        self._workers: WorkerBatches | None = None
+
+    def in_workers(self, workers: int, depth: int) -> WorkerBatches | None:
+        """This corpus's batches prepared in `workers` processes (`data.workers`; None for 0),
+        started on first use, once its tokenizer exists (so no worker trains one of its own)."""
+        if workers and self._workers is None:
+            self.tokenizer()
+            self._workers = WorkerBatches(self, workers, depth)
+        return self._workers
 
     def __len__(self) -> int:
         return len(self.utterances)
@@ -174,12 +184,14 @@ class ShardBatches:
     """One shard's batches of one epoch, from planned batch `start` on; `len()` is known before any
     audio is read. A batch whose every utterance turns out unreadable is left out. `position` is
     the number of planned batches handed out (or left out) so far, counted from the epoch's start,
-    so a resumed learner can carry on from there. With `prefetch` > 0, that many batches are
-    prepared ahead in a background thread (`jobs.pipeline.Prefetcher`); `position` still counts
-    only those handed out."""
+    so a resumed learner can carry on from there. With `workers` (a `WorkerBatches`), batches are
+    prepared in its worker processes; else, with `prefetch` > 0, that many are prepared ahead in a
+    background thread (`jobs.pipeline.Prefetcher`); `position` still counts only those handed out."""
 
-    def __init__(self, corpus: Corpus, plan: list[list[int]], start: int = 0, prefetch: int = 0, epoch: int = 0):
+    def __init__(self, corpus: Corpus, plan: list[list[int]], start: int = 0, prefetch: int = 0, epoch: int = 0,
+                 workers: WorkerBatches | None = None):
         self.corpus, self.plan, self.position, self.prefetch, self.epoch = corpus, plan, start, prefetch, epoch
+        self.workers = workers
 
     def __len__(self) -> int:
         return len(self.plan)
@@ -190,7 +202,10 @@ class ShardBatches:
 
     def __iter__(self) -> Iterator[Batch]:
         whole_epoch, trained = self.position == 0, False
-        prepared = Prefetcher(self._prepared(), self.prefetch) if self.prefetch else self._prepared()
+        if self.workers is not None:
+            prepared = self.workers.prepared(self.plan, self.position, self.epoch)
+        else:
+            prepared = Prefetcher(self._prepared(), self.prefetch) if self.prefetch else self._prepared()
         try:
             for position, batch in prepared:
                 self.position = position + 1
@@ -355,9 +370,10 @@ class AsrWorkload:
         if not len(corpus):  # this node sees none of what the driver checked
             raise DataError(f"no usable training utterances in {corpus.source} on host {socket.gethostname()}: "
                             f"{corpus.skipped.describe()}")
-        plan = shard_batches(corpus.durations, self.config.data.max_batch_seconds, epoch, self.seed, rank, world_size,
-                             weights)
-        return ShardBatches(corpus, plan, start, self.config.data.prefetch_batches, epoch)
+        data = self.config.data
+        plan = shard_batches(corpus.durations, data.max_batch_seconds, epoch, self.seed, rank, world_size, weights)
+        workers = corpus.in_workers(data.workers, data.prefetch_batches)  # None: prepared in this process
+        return ShardBatches(corpus, plan, start, data.prefetch_batches, epoch, workers)
 
     def loss(self, model: torch.nn.Module, batch: Batch) -> torch.Tensor:
         """Mean per-utterance CTC loss; SpecAugment is applied when the model is in training mode.
