@@ -30,7 +30,9 @@ class DataConfig(BaseModel):
         filterbanks, padding); 0 prepares each one when the step asks for it. With `workers`, the
         batches each worker prepares ahead.
     workers: processes that prepare training batches in parallel (`jobs.worker_batches`); 0
-        prepares them in the learner's process. Each keeps a feature cache of `cache_mb`.
+        prepares them in the learner's process. Each keeps a feature cache of `cache_mb`. Unset: one
+        per CPU of the learner's but one when its step runs on a GPU, else 0 (a CPU learner's step
+        uses all its CPUs).
     """
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
@@ -43,7 +45,7 @@ class DataConfig(BaseModel):
     max_utterance_seconds: float = Field(60.0, gt=0)
     cache_mb: float = Field(1024.0, gt=0)
     prefetch_batches: int = Field(2, ge=0)
-    workers: int = Field(0, ge=0)
+    workers: int | None = Field(None, ge=0)
 
     @field_validator("train", *EVAL_SPLITS)
     @classmethod

@@ -59,6 +59,12 @@ def _one_thread(_worker_id: int) -> None:
     torch.set_num_threads(1)  # a worker's filterbanks are small ops: more threads only compete
 
 
+def default_workers() -> int:
+    """`data.workers` left unset: the learner's CPUs (its torch threads) but one when a GPU runs
+    its step (CUDA is hidden from learners that reserved none), else 0."""
+    return max(0, torch.get_num_threads() - 1) if torch.cuda.is_available() else 0
+
+
 class WorkerBatches:
     """Args:
     corpus: the training `Corpus` (its copy in each worker prepares batches).

@@ -36,7 +36,7 @@ from jobs.pipeline import FeatureCache, Prefetcher
 from jobs.sections import EVAL_SPLITS, OptimConfig, WorkloadConfig
 from jobs.tokenizer import BpeTokenizer, CharTokenizer, build_tokenizer, output_size, tokenizer_from_state
 from jobs.wer import word_error_rate
-from jobs.worker_batches import WorkerBatches
+from jobs.worker_batches import WorkerBatches, default_workers
 
 WARPS_NEED_AUDIO = "decoding.warps reads each utterance's audio through warped filterbanks"
 WARPS_ADVICE = "set decoding.warps to null (chorus eval: --no-warps) or name the audio's manifest"
@@ -372,7 +372,7 @@ class AsrWorkload:
                             f"{corpus.skipped.describe()}")
         data = self.config.data
         plan = shard_batches(corpus.durations, data.max_batch_seconds, epoch, self.seed, rank, world_size, weights)
-        workers = corpus.in_workers(data.workers, data.prefetch_batches)  # None: prepared in this process
+        workers = corpus.in_workers(default_workers() if data.workers is None else data.workers, data.prefetch_batches)
         return ShardBatches(corpus, plan, start, data.prefetch_batches, epoch, workers)
 
     def loss(self, model: torch.nn.Module, batch: Batch) -> torch.Tensor:

@@ -81,3 +81,16 @@ def test_learner_actors_with_worker_processes_train_every_utterance_once_an_epoc
     summary = TrainingJob(spec, tmp_path).run()
     assert summary["samples"] == 3 * 160 and summary["skipped_utterances"] == {}
     assert_nothing_left("workers-", within=30.0)
+
+
+@pytest.mark.unit
+def test_unset_workers_are_the_learners_cpus_but_one_with_a_gpu_and_none_without(monkeypatch):
+    from jobs.worker_batches import default_workers
+
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 8)  # cpus_per_learner: 8
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert default_workers() == 0  # a CPU learner's step takes its 8 cores
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert default_workers() == 7  # a GPU learner: one core for the step's host side, 7 prepare batches
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    assert default_workers() == 0
