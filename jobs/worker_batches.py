@@ -46,9 +46,9 @@ class _Collated(Dataset):
 
     def __getitem__(self, item):
         position, epoch, indices = item
-        skipped, bad = len(self.corpus.skipped.keys), set(self.corpus._bad)
+        skipped, bad = len(self.corpus.skipped.keys), self.corpus.unreadable()
         batch = self.corpus.collate(list(indices), epoch)
-        return position, batch, self.corpus.skipped.since(skipped), self.corpus._bad - bad
+        return position, batch, self.corpus.skipped.since(skipped), self.corpus.unreadable() - bad
 
 
 def _as_is(item):
@@ -91,6 +91,5 @@ class WorkerBatches:
             if item is None:
                 return
             position, batch, skips, bad = item
-            self.corpus.skipped.merge(skips)
-            self.corpus._bad |= bad
+            self.corpus.note_unreadable(skips, bad)
             yield position, batch

@@ -101,6 +101,16 @@ class Corpus:
             self._workers = WorkerBatches(self, workers, depth)
         return self._workers
 
+    def unreadable(self) -> set[int]:
+        """The utterances found unreadable so far (a copy)."""
+        return set(self._bad)
+
+    def note_unreadable(self, skips: dict[str, str], indices: set[int]) -> None:
+        """What another process's reads of this corpus found unreadable (a worker's): counted once
+        here, and not read again here."""
+        self.skipped.merge(skips)
+        self._bad |= indices
+
     def __len__(self) -> int:
         return len(self.utterances)
 
