@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from dataclasses import dataclass
 from functools import cache
 
 import torch
@@ -66,6 +67,30 @@ def reverberate(wave: torch.Tensor, rir: torch.Tensor) -> torch.Tensor:
     return torch.fft.irfft(torch.fft.rfft(wave, n) * torch.fft.rfft(rir, n), n)[: wave.shape[-1]]
 
 
+@dataclass
+class Draws:
+    """What augmentation draws for one utterance of one epoch: its speed factor, a room impulse
+    response (None: no reverberation), white noise of the sped-up length and its SNR in dB (None:
+    no noise), and its VTLP warp. Drawn on the CPU from the utterance's own generators, applied
+    there (`Augment.apply`) or batched on the learner's device (`jobs.device_features`)."""
+
+    speed: float = 1.0
+    rir: torch.Tensor | None = None
+    noise: torch.Tensor | None = None
+    snr_db: float = 0.0
+    warp: float = 1.0
+
+
+def sped_length(length: int, factor: float) -> int:
+    """Samples of a `length`-sample waveform after speed perturbation by `factor`: torchaudio's
+    resampler's own expression (`_apply_sinc_resample_kernel`), so they agree to the sample."""
+    if factor == 1.0:
+        return length
+    resampler = speed_resampler(factor)
+    orig, new = resampler.orig_freq // resampler.gcd, resampler.new_freq // resampler.gcd
+    return int(torch.ceil(torch.as_tensor(new * length / orig)))
+
+
 class Augment:
     """`AugmentConfig` applied to one waveform (16 kHz, 1-D float); `enabled` says whether any kind is on."""
 
@@ -78,6 +103,10 @@ class Augment:
 
     @torch.no_grad()
     def __call__(self, waveform: torch.Tensor, epoch: int, index: int) -> torch.Tensor:
+        return self.apply(waveform, self.draws(epoch, index, waveform.shape[-1]))
+
+    def draws(self, epoch: int, index: int, length: int) -> Draws:
+        """Utterance `index`'s draws for `epoch`, for a waveform of `length` samples."""
         c = self.config
         # each kind draws from a stream of its own, so switching one kind on or off changes nothing
         # of what the others do to the same utterance
@@ -86,18 +115,29 @@ class Augment:
         def uniform(low: float, high: float, g: torch.Generator) -> float:
             return low + (high - low) * float(torch.rand((), generator=g))
 
-        out = waveform.float()
+        drawn = Draws(warp=self.warp(epoch, index))
         if c.speed_factors:
-            factor = c.speed_factors[int(torch.randint(len(c.speed_factors), (), generator=speed))]
-            if factor != 1.0:
-                out = speed_resampler(factor)(out)
+            drawn.speed = c.speed_factors[int(torch.randint(len(c.speed_factors), (), generator=speed))]
         if uniform(0, 1, room) < c.reverb_prob:
-            level = out.pow(2).mean().sqrt()
-            out = reverberate(out, synthetic_rir(uniform(*c.reverb_rt60_s, room), room))
-            out = out * (level / out.pow(2).mean().sqrt().clamp_min(1e-8))  # the same loudness as before
+            drawn.rir = synthetic_rir(uniform(*c.reverb_rt60_s, room), room)
         if uniform(0, 1, noise) < c.noise_prob:
-            snr_db = torch.tensor([uniform(*c.noise_snr_db, noise)])
-            out = AF.add_noise(out[None], torch.randn(out.shape[-1], generator=noise)[None], snr_db)[0]
+            drawn.snr_db = uniform(*c.noise_snr_db, noise)
+            drawn.noise = torch.randn(sped_length(length, drawn.speed), generator=noise)
+        return drawn
+
+    @staticmethod
+    @torch.no_grad()
+    def apply(waveform: torch.Tensor, drawn: Draws) -> torch.Tensor:
+        """One waveform augmented as `drawn` says, on the CPU (the VTLP warp is the filterbank's)."""
+        out = waveform.float()
+        if drawn.speed != 1.0:
+            out = speed_resampler(drawn.speed)(out)
+        if drawn.rir is not None:
+            level = out.pow(2).mean().sqrt()
+            out = reverberate(out, drawn.rir)
+            out = out * (level / out.pow(2).mean().sqrt().clamp_min(1e-8))  # the same loudness as before
+        if drawn.noise is not None:
+            out = AF.add_noise(out[None], drawn.noise[None], torch.tensor([drawn.snr_db]))[0]
         return out
 
     def warp(self, epoch: int, index: int) -> float:

@@ -72,6 +72,11 @@ class FeatureConfig(BaseModel):
     freq_mask: widest frequency mask (bins) of SpecAugment; 0 turns it off.
     time_mask: widest time mask (frames) of SpecAugment; 0 turns it off.
     num_freq_masks, num_time_masks: how many masks of each kind per utterance.
+    compute_on: where training batches' filterbanks and waveform augmentation are computed:
+        `device`: batched where the learner's model is (its GPU), from audio the input path
+        decodes and augmentation it draws there (`jobs/device_features.py`); `cpu`: per
+        utterance in the input path, cached when nothing is augmented; `auto`: `device` when the
+        learner sees a GPU, else `cpu`. Evaluation and features folders always use the CPU path.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -80,6 +85,7 @@ class FeatureConfig(BaseModel):
     time_mask: int = Field(20, ge=0)
     num_freq_masks: int = Field(2, ge=0)
     num_time_masks: int = Field(2, ge=0)
+    compute_on: Literal["auto", "cpu", "device"] = "auto"
 
 
 class AugmentConfig(BaseModel):

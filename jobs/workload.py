@@ -26,9 +26,10 @@ from pathlib import Path
 
 import torch
 
-from jobs.augment import Augment
-from jobs.data import AudioError, DataError, SkipReport, Utterance, load_audio, read_corpus, shard_batches
+from jobs.augment import Augment, Draws
+from jobs.data import AudioError, DataError, Utterance, load_audio, read_corpus, shard_batches
 from jobs.decode import Decoder, build_decoder
+from jobs.device_features import AudioBatch, DeviceFeatures
 from jobs.feature_shards import FeatureShards, is_features_folder
 from jobs.features import Fbank, SpecAugment
 from jobs.models import build_model, ctc_loss
@@ -50,23 +51,37 @@ ONEDNN_PRIMITIVES = "32"  # oneDNN's CPU kernels (LSTM, convolutions) the proces
 
 @dataclass
 class Batch:
-    feats: torch.Tensor  # (batch, frames, bins), zero-padded
-    feat_lengths: torch.Tensor
+    feats: torch.Tensor | None  # (batch, frames, bins), zero-padded; None until `featurized` when `audio` is set
+    feat_lengths: torch.Tensor | None
     targets: torch.Tensor  # concatenated character ids
     target_lengths: torch.Tensor
     texts: list[str]
     ids: list[str]
+    audio: AudioBatch | None = None  # features to compute on the learner's device (`features.compute_on`)
 
     @property
     def size(self) -> int:
         return len(self.ids)
 
+    def _tensors(self) -> list[str]:
+        return [k for k in ("feats", "feat_lengths", "targets", "target_lengths") if getattr(self, k) is not None]
+
     def to(self, device: torch.device) -> Batch:
-        """The batch with its tensors on `device` (itself when they are there already)."""
-        if self.feats.device == device:
+        """The batch with its tensors on `device`."""
+        return dataclasses.replace(self, **{k: getattr(self, k).to(device, non_blocking=True) for k in self._tensors()},
+                                   audio=self.audio.to(device) if self.audio is not None else None)
+
+    def pin_memory(self) -> Batch:
+        """The batch in page-locked memory (DataLoader's `pin_memory`), so `to(cuda)` copies it asynchronously."""
+        return dataclasses.replace(self, **{k: getattr(self, k).pin_memory() for k in self._tensors()},
+                                   audio=self.audio.pin_memory() if self.audio is not None else None)
+
+    def featurized(self, features: DeviceFeatures) -> Batch:
+        """The batch with its features computed from its `audio` by `features`, where the audio is."""
+        if self.audio is None:
             return self
-        return dataclasses.replace(self, **{k: getattr(self, k).to(device, non_blocking=True)
-                                            for k in ("feats", "feat_lengths", "targets", "target_lengths")})
+        feats, lengths = features(self.audio)
+        return dataclasses.replace(self, feats=feats, feat_lengths=lengths, audio=None)
 
 
 class Corpus:
@@ -75,10 +90,13 @@ class Corpus:
     workload's corpora; none: an unbounded cache of its own). `tokenizer` is asked for the
     tokenizer when a batch is made (a BPE one is trained on first use). With an enabled `augment`,
     a batch of an epoch (`collate(..., epoch=)`) is made from the cached clean waveforms, augmented;
-    without an epoch (evaluation), from the clean features."""
+    without an epoch (evaluation), from the clean features. With `on_device` (and audio), a batch of
+    an epoch carries the clean waveforms and augmentation draws instead, for the learner's device
+    to compute its features (`Batch.featurized`)."""
 
     def __init__(self, source: str | Path, fbank: Fbank, tokenizer: Callable[[], CharTokenizer | BpeTokenizer],
-                 max_seconds: float = math.inf, cache: FeatureCache | None = None, augment: Augment | None = None):
+                 max_seconds: float = math.inf, cache: FeatureCache | None = None, augment: Augment | None = None,
+                 on_device: bool = False):
         self.source = Path(source)
         self.shards = FeatureShards(source, fbank.num_mel_bins, max_seconds) if is_features_folder(source) else None
         self.utterances, self.skipped = ((self.shards.utterances, self.shards.skipped) if self.shards
@@ -90,6 +108,7 @@ class Corpus:
                             f"train from the audio's manifest")
         self.cache = cache if cache is not None else FeatureCache(None)
         self._key = str(self.source.resolve())
+        self.on_device = on_device and self.shards is None
         self._bad: set[int] = set()
         self._workers: WorkerBatches | None = None
 
@@ -161,7 +180,16 @@ class Corpus:
         return value
 
     def collate(self, indices: list[int], epoch: int | None = None) -> Batch | None:
+        if self.on_device and epoch is not None:
+            return self._audio_batch(indices, epoch)
         return self._batch([(i, f) for i in indices if (f := self.features(i, epoch)) is not None])
+
+    def _audio_batch(self, indices: list[int], epoch: int) -> Batch | None:
+        """The readable utterances of `indices` as clean waveforms with their draws for `epoch`."""
+        items = [(i, w) for i in indices if (w := self._cached(
+            i, "waveform", lambda utt: load_audio(utt.path, self.max_seconds))) is not None]
+        draws = [self.augment.draws(epoch, i, len(w)) if self.augment else Draws() for i, w in items]
+        return self._batch(items, AudioBatch.of([w for _, w in items], draws) if items else None)
 
     def warped(self, indices: list[int], warps: list[float]) -> list[Batch] | None:
         """A batch per warp of `warps` (test-time augmentation, `decoding.warps`) of the utterances
@@ -172,8 +200,9 @@ class Corpus:
             return None
         return [self._batch([(i, feats[k]) for i, feats in readable]) for k in range(len(warps))]
 
-    def _batch(self, items: list[tuple[int, torch.Tensor]]) -> Batch | None:
-        """(utterance index, features) pairs as a padded batch; None for none."""
+    def _batch(self, items: list[tuple[int, torch.Tensor]], audio: AudioBatch | None = None) -> Batch | None:
+        """(utterance index, features) pairs as a padded batch, or with `audio` (index, waveform)
+        pairs, their features left to compute; None for none."""
         if not items:
             return None
         feats = [f for _, f in items]
@@ -181,12 +210,13 @@ class Corpus:
         tokenizer = self.tokenizer()
         targets = [tokenizer.encode(u.text) for u in utts]
         return Batch(
-            feats=torch.nn.utils.rnn.pad_sequence(feats, batch_first=True),
-            feat_lengths=torch.tensor([len(f) for f in feats]),
+            feats=torch.nn.utils.rnn.pad_sequence(feats, batch_first=True) if audio is None else None,
+            feat_lengths=torch.tensor([len(f) for f in feats]) if audio is None else None,
             targets=torch.cat(targets),
             target_lengths=torch.tensor([len(t) for t in targets]),
             texts=[tokenizer.normalize(u.text) for u in utts],
             ids=[u.id for u in utts],
+            audio=audio,
         )
 
 
@@ -265,6 +295,7 @@ class AsrWorkload:
         self.augment = Augment(config.augment, seed)
         self.fbank = Fbank(config.features.num_mel_bins)
         self.spec_augment = SpecAugment(config.features)
+        self.device_features = DeviceFeatures(self.fbank)
         self.cache = FeatureCache(config.data.cache_mb * 2**20)  # every split's features, one bound
         self._corpora: dict[Path, Corpus] = {}
         self._skips_reported = 0  # of the training corpus's skips, those `new_skips` returned
@@ -272,9 +303,10 @@ class AsrWorkload:
     def corpus(self, source: str | Path) -> Corpus:
         key = Path(source).resolve()
         if key not in self._corpora:
-            augment = self.augment if key == Path(self.config.data.train).resolve() else None  # training audio only
-            self._corpora[key] = Corpus(source, self.fbank, lambda: self.tokenizer,
-                                        self.config.data.max_utterance_seconds, self.cache, augment)
+            train = key == Path(self.config.data.train).resolve()  # augmented, and featurized on the device
+            self._corpora[key] = Corpus(
+                source, self.fbank, lambda: self.tokenizer, self.config.data.max_utterance_seconds,
+                self.cache, self.augment if train else None, train and _on_device(self.config))
         return self._corpora[key]
 
     @property
@@ -388,7 +420,7 @@ class AsrWorkload:
     def loss(self, model: torch.nn.Module, batch: Batch) -> torch.Tensor:
         """Mean per-utterance CTC loss; SpecAugment is applied when the model is in training mode.
         The batch moves to the model's device."""
-        batch = batch.to(_device_of(model))
+        batch = batch.to(_device_of(model)).featurized(self.device_features)
         feats = self.spec_augment(batch.feats) if model.training else batch.feats
         with self.autocast(model):
             log_probs, out_lengths = model(feats, batch.feat_lengths)
@@ -426,9 +458,6 @@ class AsrWorkload:
         return {"wer": word_error_rate(refs, hyps) if n else None, "loss": loss_sum / n if n else None,
                 "utterances": n, "skipped": corpus.skipped.total}
 
-    def skipped(self) -> SkipReport:
-        return self.train.skipped
-
     def state_dict(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> dict:
         """The model's (and optimizer's) state and the tokenizer's, so a checkpoint decodes with its own
         units (and, decoding through a lexicon, its words)."""
@@ -456,6 +485,12 @@ def scheduled_lr(o: OptimConfig, step: int, progress: float) -> float:
         return o.lr * warm
     decay = o.min_lr_ratio + (1 - o.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, max(0.0, progress))))
     return o.lr * warm * decay
+
+
+def _on_device(config: WorkloadConfig) -> bool:
+    """Whether training features are computed on the learner's device (`features.compute_on`;
+    `auto`: when this process sees a GPU, which is hidden from learners that reserved none)."""
+    return config.features.compute_on == "device" or config.features.compute_on == "auto" and torch.cuda.is_available()
 
 
 def _device_of(model: torch.nn.Module) -> torch.device:
