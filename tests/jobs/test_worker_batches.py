@@ -70,16 +70,25 @@ def test_a_file_a_worker_cannot_read_is_counted_in_the_learners_corpus(corpus, t
 
 
 @pytest.mark.ray
-def test_learner_actors_with_worker_processes_train_every_utterance_once_an_epoch(ray_session, corpus, tmp_path):
+def test_learner_actors_with_worker_processes_train_every_utterance_once_across_a_resume_and_a_resize(
+        ray_session, corpus, tmp_path):
     """Two learner actors, each preparing its batches in 2 worker processes (forked from the
-    actor), train 3 epochs: every utterance once an epoch, none skipped, nothing left behind."""
+    actor) with features left to the device path, train 2 epochs; the job resumes from its
+    checkpoint with 3 learners for 2 more: every utterance once an epoch across both, none
+    skipped, the new split used, nothing left behind."""
     from orchestrator.job import TrainingJob
     from tests.conftest import assert_nothing_left, make_spec
 
-    spec = make_spec(corpus, name="workers", learners=2, group={"kind": "allreduce", "balance": False},
-                     budget__epochs=3, data__workers=2, augment=AUGMENT)
-    summary = TrainingJob(spec, tmp_path).run()
-    assert summary["samples"] == 3 * 160 and summary["skipped_utterances"] == {}
+    def spec(learners: int, epochs: int):
+        return make_spec(corpus, name="workers", learners=learners, group={"kind": "allreduce", "balance": False},
+                         budget__epochs=epochs, data__workers=2, augment=AUGMENT, features__compute_on="device")
+
+    first = TrainingJob(spec(2, 2), tmp_path).run()
+    assert first["samples"] == 2 * 160 and first["skipped_utterances"] == {}
+    resumed = TrainingJob(spec(3, 4), tmp_path, resume=True)
+    summary = resumed.run()
+    assert summary["samples"] == 4 * 160 and summary["skipped_utterances"] == {}
+    assert [r["epoch"] for r in resumed.evals] == [1, 2, 3, 4] and summary["learners"] == 3  # the curve goes on
     assert_nothing_left("workers-", within=30.0)
 
 
