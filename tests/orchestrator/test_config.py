@@ -36,6 +36,16 @@ def test_shipped_job_specs_are_commented_on_every_line_and_valid(config, stub_co
     assert load_spec(config, data).name == config.stem
 
 
+def test_the_gpu_recipe_sizes_its_model_for_a_gpu_and_computes_features_there(stub_corpus):
+    spec = load_spec(TINY.parent / "conformer_gpu.yaml", [f"data.{s}={stub_corpus / 'train.jsonl'}"
+                                                            for s in ("train", "dev", "test", "test_unseen")])
+    config = spec.workload_config
+    params = sum(p.numel() for p in workload_class("asr")(config, seed=0).build_model().parameters())
+    assert params >= 30e6 and spec.accelerator == "gpu" and config.features.compute_on == "auto"
+    assert config.data.max_batch_seconds >= 10 * yaml.safe_load(
+        (TINY.parent / "conformer.yaml").read_text())["data"]["max_batch_seconds"]
+
+
 def test_valid_spec_and_overrides(spec_file):
     spec = load_spec(spec_file, ["optim.lr=1e-3", "learners=3", "group.kind=gossip", "model.kind=conformer_ctc"])
     assert (spec.optim.lr, spec.learners.max, spec.group.kind, spec.model.kind) == (1e-3, 3, "gossip", "conformer_ctc")
