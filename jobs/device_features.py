@@ -61,6 +61,11 @@ class AudioBatch:
     def to(self, device: torch.device) -> AudioBatch:
         return dataclasses.replace(self, **{k: getattr(self, k).to(device, non_blocking=True) for k in self._tensors()})
 
+    def rows(self, part: slice) -> AudioBatch:
+        """These rows of the batch (`Batch.halves`)."""
+        rows = {k: getattr(self, k)[part] for k in self._tensors()}
+        return dataclasses.replace(self, speeds=self.speeds[part], **rows)
+
     def pin_memory(self) -> AudioBatch:
         return dataclasses.replace(self, **{k: getattr(self, k).pin_memory() for k in self._tensors()})
 

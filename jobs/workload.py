@@ -76,6 +76,22 @@ class Batch:
         return dataclasses.replace(self, **{k: getattr(self, k).pin_memory() for k in self._tensors()},
                                    audio=self.audio.pin_memory() if self.audio is not None else None)
 
+    def halves(self) -> tuple[Batch, Batch] | None:
+        """Its first and second half of utterances as two batches (what a learner short of device
+        memory trains one after the other); None for a single utterance."""
+        if self.size < 2:
+            return None
+        k, ends = self.size // 2, self.target_lengths.cumsum(0).tolist()
+
+        def rows(part: slice, targets: slice) -> Batch:
+            return Batch(feats=self.feats[part] if self.feats is not None else None,
+                         feat_lengths=self.feat_lengths[part] if self.feat_lengths is not None else None,
+                         targets=self.targets[targets], target_lengths=self.target_lengths[part],
+                         texts=self.texts[part], ids=self.ids[part],
+                         audio=self.audio.rows(part) if self.audio is not None else None)
+
+        return rows(slice(0, k), slice(0, ends[k - 1])), rows(slice(k, None), slice(ends[k - 1], None))
+
     def featurized(self, features: DeviceFeatures) -> Batch:
         """The batch with its features computed from its `audio` by `features`, where the audio is."""
         if self.audio is None:

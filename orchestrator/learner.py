@@ -15,11 +15,13 @@ import signal
 import threading
 import time
 from contextlib import contextmanager
+from functools import partial
 
 import ray
 import torch
 
 from orchestrator import flat_state
+from orchestrator.memory_fit import MemoryFit
 from orchestrator.runtime import call
 from orchestrator.state_store import StateStore
 from orchestrator.workload import build_workload
@@ -149,6 +151,7 @@ class Learner(ReplicaWeights):
         self.position = 0  # planned batches of this epoch that recorded steps have used
         self._drawn = 0  # position after the batch handed out last
         self._slowdown = 1.0
+        self.memory_fit = MemoryFit(learner_id)  # batches split or skipped on CUDA out-of-memory
         self.comm_s = 0.0  # communication seconds, added to by the group
         self.first_step_at: float | None = None  # time.time() when this process finished its first step
         # time.time() when the current step's own work (or the last wait on the group) ended; None
@@ -208,19 +211,18 @@ class Learner(ReplicaWeights):
 
     # -- compute ------------------------------------------------------------------------------
     def forward_backward(self, batch) -> float:
-        """Gradients of one batch into `.grad` (outside the lock); returns the loss."""
+        """Gradients of one batch into `.grad` (outside the lock), in parts if it does not fit in
+        device memory (`memory_fit`); returns the loss."""
         start = time.perf_counter()
-        self.optimizer.zero_grad(set_to_none=False)
-        loss = self.workload.loss(self.model, batch)
-        if self._nan_at == self.step:  # a simulated divergence (spec: simulate.nan_loss_at_step), tests only
-            self._nan_at, loss = None, loss * float("nan")
-        loss.backward()
+        zero_grad = partial(self.optimizer.zero_grad, set_to_none=False)
+        zero_grad()
+        loss = self.memory_fit.backward(batch, partial(_backward, self), zero_grad)
         if self._slowdown > 1.0:  # simulated slowness (spec: simulate.slowdown), tests and benchmarks only
             time.sleep((time.perf_counter() - start) * (self._slowdown - 1.0))
         if self._stall_s > 0:  # a simulated hang (tests and bench/faults.py only)
             stall, self._stall_s = self._stall_s, 0.0
             time.sleep(stall)
-        return loss.item()
+        return loss
 
     def apply_step(self, loss: float, samples: int) -> None:
         """The optimizer step on the gradients in `.grad`, and the counters that go with it, in
@@ -267,7 +269,8 @@ class Learner(ReplicaWeights):
     def counters(self) -> dict:
         return {"step": self.step, "samples": self.samples, "epoch": self.epoch, "position": self.position,
                 "averages": self.averages, "failed_exchanges": self.failed_exchanges, "busy_steps": self.busy_steps,
-                "lr_scale": self.lr_scale, "sent_bytes": self.sent_bytes}
+                "lr_scale": self.lr_scale, "sent_bytes": self.sent_bytes, "oom_splits": self.memory_fit.splits,
+                "oom_skipped": self.memory_fit.skipped}
 
     def state(self) -> dict:
         """Model, optimizer and counters: a consistent copy on the CPU, taken under the weight lock."""
@@ -309,6 +312,15 @@ class Learner(ReplicaWeights):
         self.step_seconds: list[float] = []
         self.comm_seconds: list[float] = []
         self.step_began: list[float] = []  # time.time() at the start of each of this chunk's steps
+
+
+def _backward(learner: Learner, part, weight: float) -> float:
+    """The gradient of `part`'s loss times `weight` added into `.grad`; returns the loss."""
+    loss = learner.workload.loss(learner.model, part)
+    if learner._nan_at == learner.step:  # a simulated divergence (spec: simulate.nan_loss_at_step), tests only
+        learner._nan_at, loss = None, loss * float("nan")
+    (loss * weight).backward()
+    return loss.item()
 
 
 def flat_weight_buffer(params: list[torch.Tensor], device: torch.device) -> torch.Tensor:

@@ -52,3 +52,11 @@ def test_a_device_batch_trains_and_evaluation_stays_on_the_cpu_path(corpus):
     loss.backward()
     assert torch.isfinite(loss) and all(p.grad is not None for p in model.parameters() if p.requires_grad)
     assert w.train.collate([0, 1]).audio is None  # no epoch: evaluation reads clean cached features
+    # halves (what a learner short of device memory trains) featurize to the whole batch's rows
+    whole = batch.featurized(w.device_features)
+    first, second = batch.halves()
+    assert first.ids + second.ids == batch.ids
+    for half, rows in ((first, slice(0, first.size)), (second, slice(first.size, None))):
+        got = half.featurized(w.device_features)
+        assert (got.feats - whole.feats[rows, : got.feats.shape[1]]).abs().max() < TOLERANCE
+        assert torch.equal(got.feat_lengths, whole.feat_lengths[rows])
