@@ -9,7 +9,7 @@ from orchestrator import strict_json
 def summarize(job, train_wall: float, wall: float, first_loss: float | None) -> dict:
     """The summary of a finished `TrainingJob`: final scores (scored now), the last evaluation,
     counts, timings, bytes its learners sent, events, recoveries, nodes and accelerators, skipped
-    inputs, the checkpoint."""
+    inputs, batches split or skipped for device memory, the checkpoint."""
     finals = job.snapshots.finals()
     last = job.evals[-1] if job.evals else {}
     samples = job.roster.samples()
@@ -42,5 +42,8 @@ def summarize(job, train_wall: float, wall: float, first_loss: float | None) -> 
         "nodes": job.elastic.nodes_used(),
         "accelerators": job.group.by_accelerator(),
         "skipped_utterances": job.workload.skip_counts() if job.evals else {},
+        # batches the live learners trained in parts, or skipped, short of device memory (memory_fit.py)
+        "out_of_memory": {kind: sum(s.stats.get(f"oom_{kind}", 0) for s in job.roster.live.values())
+                          for kind in ("splits", "skipped")},
         "checkpoint": job.checkpoint_location(),
     })

@@ -88,6 +88,7 @@ def test_learner_actors_with_worker_processes_train_every_utterance_once_across_
     resumed = TrainingJob(spec(3, 4), tmp_path, resume=True)
     summary = resumed.run()
     assert summary["samples"] == 4 * 160 and summary["skipped_utterances"] == {}
+    assert summary["out_of_memory"] == {"splits": 0, "skipped": 0}
     assert [r["epoch"] for r in resumed.evals] == [1, 2, 3, 4] and summary["learners"] == 3  # the curve goes on
     assert_nothing_left("workers-", within=30.0)
 
