@@ -134,7 +134,7 @@ class Learner(ReplicaWeights):
         self.optimizer = self.workload.build_optimizer(self.model)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.grad_buffer = flat_grad_buffer(self.params, self.device)
-        self.flat = flat_weight_buffer(self.params, self.device)  # the trainable weights, which the parameters view
+        self.flat = flat_weight_buffer(self.params, self.device, cudnn_weights(self.model))  # which the params view
         self.numel = self.flat.numel()
         self.version = 0  # of the weights: every change increments it (a gossip exchange checks it)
         self.group_links = None  # what a group keeps in this process across re-formed groups (gossip's links)
@@ -323,13 +323,26 @@ def _backward(learner: Learner, part, weight: float) -> float:
     return loss.item()
 
 
-def flat_weight_buffer(params: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+def cudnn_weights(model: torch.nn.Module) -> list[torch.Tensor]:
+    """The first recurrent module's trainable weights in its own order (w_ih, w_hh, b_ih, b_hh per
+    layer and direction). cuDNN runs a recurrent module on its weights in place only when they lie
+    back to back in that order from the start of their storage (ATen's `try_get_weight_buf`); else it
+    compacts them into a new buffer at every call, with a warning. So the flat weight buffer starts
+    with these. Only one module's can: in a model with several, the others are compacted."""
+    rnn = next((m for m in model.modules() if isinstance(m, torch.nn.RNNBase)), None)
+    return [w for w in rnn._flat_weights if w is not None and w.requires_grad] if rnn is not None else []
+
+
+def flat_weight_buffer(params: list[torch.Tensor], device: torch.device,
+                       first: list[torch.Tensor] = ()) -> torch.Tensor:
     """One flat tensor that every parameter's data becomes a view into (the parameters stay the
     same objects, so the optimizer is unaffected): weights are read, sent and averaged without
-    gathering them first."""
+    gathering them first. The parameters of `first` (`cudnn_weights`) come first, in their order,
+    then the others in theirs: the same layout on every learner, whatever its device."""
     buffer = torch.zeros(sum(p.numel() for p in params), device=device, dtype=params[0].dtype if params else None)
+    leading = [p for p in first if any(p is q for q in params)]
     offset = 0
-    for p in params:
+    for p in leading + [p for p in params if not any(p is q for q in leading)]:
         buffer[offset:offset + p.numel()].copy_(p.data.reshape(-1))
         p.data = buffer[offset:offset + p.numel()].view_as(p)
         offset += p.numel()
