@@ -178,6 +178,9 @@ class JobSpec(BaseModel):
             autoscaler can launch a node type that has one.
         gpus_per_learner: the share of a GPU each learner reserves when it asks for one (default
             1; 0.5 puts two learners on each GPU, as Ray Train's `resources_per_worker`).
+        service_gpus: the share of a GPU the job's service reserves to evaluate on (0, the default:
+            it evaluates on the CPU and sees no GPU; in a one-learner job, which evaluates in the
+            driver's process, anything above 0 lets it use the GPU that process sees).
         learner_resources: custom resources added to each learner's reservation (e.g. `{V100: 1}`
             to keep learners on the nodes that advertise it).
         accelerator_types: custom resources naming interchangeable node kinds (e.g. `[V100, A10G]`,
@@ -200,6 +203,7 @@ class JobSpec(BaseModel):
     cpus_per_learner: float | None = Field(None, gt=0)
     accelerator: Literal["auto", "gpu", "cpu"] = "auto"
     gpus_per_learner: float | None = Field(None, gt=0, le=1)
+    service_gpus: float = Field(0.0, ge=0, le=1)
     learner_resources: dict[str, float] = Field(default_factory=dict)
     accelerator_types: list[str] = Field(default_factory=list)
     group: GroupConfig = GroupConfig()

@@ -44,7 +44,7 @@ class Elastic:
         """Ask for `learners.max` slots (`ids` first, e.g. those of a checkpoint), wait until at
         least `learners.min` learners are placed and answer; returns them (not yet in a group)."""
         self.capacity.check(ids)
-        self.service = self.runtime.start_service(self.job_id)
+        self.service = self.runtime.start_service(self.job_id, self.spec.service_gpus)
         self.capacity.ask([], ids)
         self.runtime.wait(self.capacity.watched(), num_returns=len(self.capacity.pending), timeout=2.0)
         self._start_placed()  # whatever fits now starts together

@@ -20,12 +20,13 @@ from orchestrator.workload import build_workload
 
 
 class Evaluator:
-    """Args: workload (registered name), workload_config (its sections of the spec), seed."""
+    """Args: workload (registered name), workload_config (its sections of the spec), seed, use_gpu
+    (evaluate on the GPU this process sees, if any; else on the CPU)."""
 
-    def __init__(self, workload: str, workload_config: dict, seed: int):
+    def __init__(self, workload: str, workload_config: dict, seed: int, use_gpu: bool = False):
         self.workload = build_workload(workload, workload_config, seed)
         self.model = self.workload.build_model()
-        if torch.cuda.is_available():  # a GPU in this process: evaluate there
+        if use_gpu and torch.cuda.is_available():
             self.model = self.model.cuda()
         self.model.eval()
 

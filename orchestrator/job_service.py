@@ -17,15 +17,17 @@ from orchestrator.shards import ShardPlanner
 
 
 class JobService(ShardPlanner):
-    """The `ShardPlanner` (its methods as they are) plus `evaluate` and `score` on the `eval` thread."""
+    """The `ShardPlanner` (its methods as they are) plus `evaluate` and `score` on the `eval` thread;
+    the evaluator's model is on a GPU only with `use_gpu` (the spec's `service_gpus`)."""
 
-    def __init__(self, members: list[int] = ()):
+    def __init__(self, members: list[int] = (), use_gpu: bool = False):
         super().__init__(members)
         self._evaluator: Evaluator | None = None
+        self.use_gpu = use_gpu
 
     def _evaluator_for(self, workload: tuple) -> Evaluator:
         if self._evaluator is None:
-            self._evaluator = Evaluator(*workload)
+            self._evaluator = Evaluator(*workload, use_gpu=self.use_gpu)
         return self._evaluator
 
     @ray.method(concurrency_group="eval")

@@ -148,18 +148,23 @@ class RayRuntime:
         ).remote(workload, workload_config, seed, learner_id, planner, max(1, int(cpus)), slowdown, bool(gpus))
 
     @staticmethod
-    def start_service(job_id: str):
+    def start_service(job_id: str, gpus: float = 0.0):
         """The job's service (shard planner and evaluator, `job_service.py`) as an actor on the
-        driver's node (losing any other node never loses it)."""
+        driver's node (losing any other node never loses it), with `gpus` of a GPU (`service_gpus`)."""
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+        from orchestrator.cluster import CapacityError
         from orchestrator.job_service import JobServiceActor
 
-        return JobServiceActor.options(  # on the CPU: it reserves no GPU, so it must not take one
-            name=f"{job_id}/service", num_cpus=0, runtime_env={"env_vars": NO_GPU_ENV},
-            scheduling_strategy=NodeAffinitySchedulingStrategy(
-                ray.get_runtime_context().get_node_id(), soft=False)).remote()
+        node = ray.get_runtime_context().get_node_id()
+        has = next((n["Resources"].get("GPU", 0) for n in ray.nodes() if n["NodeID"] == node), 0)
+        if gpus > has:  # it must sit on the driver's node: asking it of another would wait forever
+            raise CapacityError(f"{job_id}: service_gpus is {gpus:g}, but the driver's node has {has:g} GPUs: "
+                                f"set service_gpus: 0 (evaluate on the CPU) or run the driver on a GPU node")
+        return JobServiceActor.options(  # reserving no GPU, it must not take one
+            name=f"{job_id}/service", num_cpus=0, num_gpus=gpus, runtime_env={"env_vars": {} if gpus else NO_GPU_ENV},
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote((), gpus > 0)
 
     @staticmethod
     def submit(target, method: str, *args):
@@ -227,10 +232,10 @@ class LocalRuntime:
                                 bool(slot.bundle.get("GPU")))
 
     @staticmethod
-    def start_service(job_id: str):
+    def start_service(job_id: str, gpus: float = 0.0):
         from orchestrator.job_service import JobService
 
-        return JobService([0])
+        return JobService([0], use_gpu=gpus > 0)  # in this process, which may see a GPU
 
     @staticmethod
     def submit(target, method: str, *args):

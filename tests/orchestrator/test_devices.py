@@ -34,6 +34,22 @@ def test_a_gpu_share_that_cannot_be_is_refused_in_one_line(extra, message):
         parse_spec({"name": "devices", **LINEAR, **extra})
 
 
+@pytest.mark.unit
+def test_the_evaluator_takes_a_gpu_only_when_the_spec_gives_the_service_one(monkeypatch):
+    import torch
+
+    from orchestrator.job_service import JobService
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a process that sees a GPU
+    moved = []
+    monkeypatch.setattr(torch.nn.Module, "cuda", lambda self, *a, **k: moved.append(self) or self)
+    workload = ("linear", parse_spec({"name": "devices", **LINEAR}).workload_config.model_dump(mode="json"), 0)
+    JobService([0])._evaluator_for(workload)  # service_gpus: 0, the default
+    assert moved == []
+    JobService([0], use_gpu=True)._evaluator_for(workload)
+    assert len(moved) == 1
+
+
 @pytest.mark.slow
 @pytest.mark.own_process
 def test_cpu_learners_see_no_gpu_and_half_gpu_learners_share_one(private_cluster, tmp_path, monkeypatch):
@@ -62,5 +78,10 @@ def test_cpu_learners_see_no_gpu_and_half_gpu_learners_share_one(private_cluster
     assert [(e["device"], e["cuda_visible_devices"]) for e in joins] == [("cpu", "0")] * 2, joins
     [node] = summary["nodes"]
     assert (node["node_id"], sorted(node["learners"]), node["gpus_per_learner"]) == (gpu_node.node_id, [0, 1], 0.5)
-    assert_nothing_left("cpu-learners", within=30.0)
-    assert_nothing_left("half-gpu-learners", within=30.0)
+    # a service asked to evaluate on a GPU, on a driver's node without one: refused at once
+    from orchestrator.cluster import CapacityError
+
+    with pytest.raises(CapacityError, match="service_gpus is 0.5, but the driver's node has 0 GPUs"):
+        run("gpu-service", accelerator="cpu", service_gpus=0.5)
+    for name in ("cpu-learners", "half-gpu-learners", "gpu-service"):
+        assert_nothing_left(name, within=30.0)
