@@ -1,12 +1,13 @@
 """Benchmark: the GPU path, on whatever GPUs the machine has (issue 19, part 5).
 
-Three measurements, each median [IQR] over interleaved repeats (`_common`):
+Four measurements, each median [IQR] over interleaved repeats (`_common`):
 
 1. `steps`: one learner's training step (the workload's forward, CTC loss, backward and AdamW
    step, exactly what a Chorus learner runs) on one GPU, for `tiny.yaml`'s model (~1.1M
    parameters) and the ~10M one of bench/vs_ray_train.py, in float32 and in mixed precision
-   (`model.precision: bf16`), on the same batches (20 s of padded audio). Reported: seconds per
-   step and bf16's speed-up.
+   (`model.precision: bf16`), on the same batches (`--batch-seconds` of padded audio, 320 by
+   default: a GPU's batch), the learner's flat weight buffer in place. Reported: seconds per step,
+   bf16's speed-up, and the warnings raised (cuDNN's "not part of single contiguous chunk" is a failure).
 2. `all_reduce` (2 GPUs or more): the raw NCCL all_reduce of 10M / 30M / 100M float32 values
    between two GPUs (plain Ray actors), and the seconds a Chorus `allreduce` learner pair (the
    `linear` workload, 10 square layers of the size, NCCL) waits on the all-reduce after its
@@ -17,21 +18,31 @@ Three measurements, each median [IQR] over interleaved repeats (`_common`):
    NCCL all_reduce of the same bytes. The links run over gloo (host memory), so each exchange
    also copies the weights from and to the device: that cost is what this figure shows.
 
+4. `learners` (`bench/gpu_learners.py`): samples/s, GPU busy % and the seconds a step waits for
+   data, for one Chorus learner, two sharing the GPU, and Ray Train's `TorchTrainer` with a
+   standard `DataLoader(num_workers=...)`, per recipe (tiny.yaml and conformer.yaml at 320 s
+   batches, conformer_gpu.yaml), in `--window`-second windows.
+
 Without a CUDA device it says so and writes nothing (exit 2). `--device cpu` runs every part on
 the CPU with gloo instead, as a check that the code runs (written to bench/work/gpu-cpu.json, never
-to bench/results). `passed` is true when every part that the machine's GPUs allow was measured (the
-communication parts need 2) and bf16 is not slower than float32 for the 10M model.
+to bench/results). `passed` is issue 40's targets: every part the machine's GPUs allow measured (communication
+needs 2); one Chorus learner >= 10,000 samples/s for tiny.yaml and conformer.yaml's models;
+conformer_gpu.yaml's learner keeping the GPU >= 70% busy; bf16 >= 1.2x float32 for the 10M model;
+Chorus above Ray Train + DataLoader for every recipe, IQRs apart; no cuDNN compaction warning.
 
 On CUDA, a Chorus allreduce learner's wait is what `comm_seconds` says: the group synchronizes the
 device inside the timed block (an NCCL call returns to the host before the transfer is done).
 
 Writes bench/results/gpu.json and gpu.png.
-Usage: .venv/bin/python bench/gpu.py [--repeats 5] [--sizes 10,30,100] [--device cpu]
+Usage: .venv/bin/python bench/gpu.py [--repeats 5] [--parts steps,learners,communication] [--window 8]
+       [--recipes tiny,conformer,conformer_gpu] [--workers 7] [--sizes 10,30,100] [--device cpu]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
 import sys
 import time
@@ -47,6 +58,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import ray  # noqa: E402
 import torch  # noqa: E402
 from _common import compare, interleaved, summary, write_results  # noqa: E402
+from gpu_learners import RECIPES, measure  # noqa: E402
 
 from jobs.synth import synthesize  # noqa: E402
 from orchestrator.capacity import place_learners, release  # noqa: E402
@@ -62,18 +74,25 @@ STEPS_PER_REPEAT, LAYERS = 10, 10  # training steps timed per repeat; the allred
 ONE_BUCKET = 1 << 62
 
 
-def step_seconds(corpus: Path, device: str, repeats: int, steps: int) -> dict:
-    """Seconds per training step for each model in fp32 and bf16, interleaved."""
+def step_seconds(corpus: Path, device: str, repeats: int, steps: int, batch_seconds: float) -> dict:
+    """Seconds per training step for each model in fp32 and bf16, interleaved, with the learner's
+    flat weight buffer (cuDNN's layout first) in place; the warnings the steps raised."""
+    import warnings
+
     from jobs.workload import AsrWorkload
+    from orchestrator.learner import cudnn_weights, flat_weight_buffer
 
     setups = {}
     for model_name, overrides in MODELS.items():
         for precision in ("fp32", "bf16"):
             spec = load_spec(ROOT / "jobs" / "configs" / "tiny.yaml", [
                 *overrides, f"model.precision={precision}", f"data.train={corpus}/train.jsonl", "data.dev=null",
-                "data.test=null", "data.test_unseen=null", "data.test_unseen_engine=null", "data.max_batch_seconds=20"])
+                "data.test=null", "data.test_unseen=null", "data.test_unseen_engine=null",
+                f"data.max_batch_seconds={batch_seconds}", "features.compute_on=device"])
             workload = AsrWorkload(spec.workload_config, seed=0)
             model = workload.build_model().to(device)
+            params = [p for p in model.parameters() if p.requires_grad]
+            flat_weight_buffer(params, torch.device(device), cudnn_weights(model))
             batches = [b for _, b in zip(range(steps), workload.batches(0, 1, 0), strict=False)]
             setups[f"{model_name}_{precision}"] = (workload, model, workload.build_optimizer(model), batches)
 
@@ -93,10 +112,14 @@ def step_seconds(corpus: Path, device: str, repeats: int, steps: int) -> dict:
         measure(-1)  # warm-up: kernels chosen, memory allocated
         return measure
 
-    runs = interleaved({name: timed(name) for name in setups}, repeats=repeats)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        runs = interleaved({name: timed(name) for name in setups}, repeats=repeats)
     stats = {name: summary(values) for name, values in runs.items()}
-    return {"seconds_per_step": stats, "batch_seconds": 20, "steps_per_repeat": steps,
-            "bf16_speedup": {m: compare(stats[f"{m}_fp32"], stats[f"{m}_bf16"]) for m in MODELS}}
+    said = sorted({f"{w.category.__name__}: {w.message}" for w in caught})
+    return {"seconds_per_step": stats, "batch_seconds": batch_seconds, "steps_per_repeat": steps,
+            "bf16_speedup": {m: compare(stats[f"{m}_fp32"], stats[f"{m}_bf16"]) for m in MODELS},
+            "warnings": said, "cudnn_compaction_warning": any("contiguous chunk" in w for w in said)}
 
 
 @ray.remote
@@ -222,15 +245,27 @@ class ChorusPair:
 
 
 def plot(result: dict, path: Path) -> None:
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
-    steps = result["steps"]["seconds_per_step"]
+    fig, (ax1, ax3, ax2) = plt.subplots(1, 3, figsize=(15, 4))
+    steps = (result.get("steps") or {}).get("seconds_per_step", {})
     names = list(steps)
     ax1.bar(range(len(names)), [steps[n]["median"] for n in names],
             yerr=[[steps[n]["median"] - steps[n]["iqr"][0] for n in names],
                   [steps[n]["iqr"][1] - steps[n]["median"] for n in names]], capsize=4,
             color=["tab:gray", "tab:green"] * (len(names) // 2))
     ax1.set_xticks(range(len(names)), [n.replace("_", "\n") for n in names])
-    ax1.set(ylabel="seconds per step (median, IQR)", title=f"learner step on {result['device_name']}")
+    ax1.set(ylabel="seconds per step (median, IQR)", title=f"learner step on {result['device_name']}"
+            if steps else "learner step: not run")
+    recipes = (result.get("learners") or {}).get("recipes", {})
+    for k, contender in enumerate(("chorus_1", "chorus_2_sharing", "ray_train")):
+        rows = [r["samples_per_s"].get(contender, {"median": 0, "iqr": [0, 0]}) for r in recipes.values()]
+        x = [i + (k - 1) * 0.27 for i in range(len(rows))]
+        ax3.bar(x, [r["median"] for r in rows], width=0.27, label=contender.replace("_", " "),
+                yerr=[[r["median"] - r["iqr"][0] for r in rows], [r["iqr"][1] - r["median"] for r in rows]], capsize=3)
+    ax3.set_xticks(range(len(recipes)), list(recipes))
+    ax3.set(yscale="log" if recipes else "linear", ylabel="samples/s (median, IQR)",
+            title="one GPU's learners" if recipes else "learners: not run")
+    if recipes:
+        ax3.legend(fontsize=8)
     comm = result.get("communication")
     comm = comm if isinstance(comm, dict) else {}  # one device: why it was not measured, a string
     for key in ("raw_all_reduce", "allreduce_one_bucket", "allreduce_overlapped", "gossip_exchange"):
@@ -248,38 +283,76 @@ def plot(result: dict, path: Path) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--parts", default="steps,learners,communication", help="which parts to run")
     parser.add_argument("--sizes", default="10,30,100", help="millions of parameters (communication)")
     parser.add_argument("--steps", type=int, default=STEPS_PER_REPEAT, help="training steps timed per repeat")
+    parser.add_argument("--batch-seconds", type=float, default=320.0, help="padded audio seconds per batch (steps)")
+    parser.add_argument("--window", type=float, default=8.0, help="seconds of each learners window")
+    parser.add_argument("--recipes", default=",".join(RECIPES), help="learners: which recipes")
+    parser.add_argument("--workers", type=int, default=None, help="learners: data workers (default: CPUs/2 - 1)")
+    parser.add_argument("--utterances", type=int, default=2000, help="the synthesized corpus's training utterances")
+    parser.add_argument("--corpus", type=Path, default=None, help="a `chorus synth` corpus to use instead")
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="cpu: a check that the code runs")
+    parser.add_argument("--set", action="append", default=[], help="learners: a spec override for every recipe "
+                        "(a CPU check's smaller model)")
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         print("bench/gpu.py: no CUDA device on this machine; nothing measured, nothing written "
               "(--device cpu runs the same code on the CPU as a check)")
         return 2
+    parts = set(args.parts.split(","))
     devices = torch.cuda.device_count() if args.device == "cuda" else 2
-    corpus = WORK / "corpus-200-0"
+    corpus = args.corpus or WORK / f"corpus-{args.utterances}-0"
     if not (corpus / "corpus.json").is_file():
-        synthesize(corpus, utterances=200, eval_utterances=10, seed=0, progress=False)
+        synthesize(corpus, utterances=args.utterances, eval_utterances=10, seed=0, progress=False)
+    workers = args.workers if args.workers is not None else max(1, (os.cpu_count() or 2) // 2 - 1)
     started = time.time()
-    steps = step_seconds(corpus, args.device, args.repeats, args.steps)
-    communication_rows = None
-    if devices >= 2:
-        ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
-        try:
+    steps = None
+    if "steps" in parts:
+        steps = step_seconds(corpus, args.device, args.repeats, args.steps, args.batch_seconds)
+    communication_rows = learners = None
+    ray.init(num_cpus=max(8, os.cpu_count() or 8), include_dashboard=False, log_to_driver=False)
+    try:
+        if "learners" in parts:
+            learners = measure(corpus, args.device, args.repeats, args.window, workers, args.recipes.split(","),
+                               args.set)
+        if devices >= 2 and "communication" in parts:
             communication_rows = communication([int(s) for s in args.sizes.split(",")], args.device, args.repeats)
-        finally:
-            ray.shutdown()
-    bf16 = steps["bf16_speedup"]["10m"]
+    finally:
+        ray.shutdown()
     result = {"benchmark": "gpu", "device": args.device, "devices": devices,
               "device_name": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu",
-              "torch": torch.__version__, "repeats": args.repeats, "steps": steps,
-              "communication": communication_rows or "needs 2 devices: not measured",
-              "passed": (devices < 2 or communication_rows is not None) and bf16["verdict"] != "lower",
+              "torch": torch.__version__, "repeats": args.repeats, "parts": sorted(parts), "steps": steps,
+              "learners": learners, "communication": communication_rows or "needs 2 devices: not measured",
               "wall_s": round(time.time() - started, 1)}
+    result["checks"] = checks(result, parts)
+    result["passed"] = all(result["checks"].values())
     path = RESULTS / "gpu.json" if args.device == "cuda" else WORK.parent / "gpu-cpu.json"
     write_results(path, result, plot)
-    print(f"{path}: passed {result['passed']}; bf16 speed-up (10M) {bf16}")
+    print(f"{path}: passed {result['passed']}; {json.dumps(result['checks'])}")
     return 0 if result["passed"] else 1
+
+
+def checks(result: dict, parts: set[str]) -> dict:
+    """Issue 40's targets, each true or false (a part not run fails its checks)."""
+    steps, learners = result["steps"] or {}, (result["learners"] or {}).get("recipes", {})
+
+    def rate(recipe: str) -> float:
+        return learners.get(recipe, {}).get("samples_per_s", {}).get("chorus_1", {}).get("median", 0.0)
+
+    busy = (learners.get("conformer_gpu", {}).get("gpu_busy_mean") or {}).get("chorus_1") or {}
+    bf16 = steps.get("bf16_speedup", {}).get("10m", {})
+    return {
+        "communication_measured": result["devices"] < 2 or "communication" not in parts
+        or isinstance(result["communication"], dict),
+        "tiny_chorus_1_at_least_10000_samples_per_s": rate("tiny") >= 10_000,
+        "conformer_chorus_1_at_least_10000_samples_per_s": rate("conformer") >= 10_000,
+        "conformer_gpu_chorus_1_gpu_at_least_70_percent_busy": (busy.get("median") or 0) >= 70,
+        "bf16_at_least_1.2x_fp32_10m": (bf16.get("ratio") or 0) >= 1.2,
+        "chorus_above_ray_train_every_recipe": bool(learners) and all(
+            r["chorus_over_ray_train"]["verdict"] == "higher" for r in learners.values()),
+        "no_cudnn_compaction_warning": bool(steps) and not steps["cudnn_compaction_warning"],
+    }
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ def gpu_bench(monkeypatch):
     spec.loader.exec_module(module)
     yield module
     sys.modules.pop("_common", None)
+    sys.modules.pop("gpu_learners", None)
 
 
 def test_the_figure_of_a_one_gpu_run_is_drawn_without_communication(gpu_bench, tmp_path):
@@ -28,3 +29,25 @@ def test_the_figure_of_a_one_gpu_run_is_drawn_without_communication(gpu_bench, t
               "steps": {"seconds_per_step": {"tiny_fp32": step, "tiny_bf16": step}}}
     gpu_bench.plot(result, tmp_path / "gpu.png")
     assert (tmp_path / "gpu.png").stat().st_size > 1000
+
+
+def test_the_figure_shows_the_learners_part_and_the_checks_are_issue_40s_targets(gpu_bench, tmp_path):
+    def row(median):
+        return {"median": median, "iqr": [median * 0.9, median * 1.1], "runs": [median] * 5}
+
+    learners = {name: {"samples_per_s": {"chorus_1": row(12_000), "chorus_2_sharing": row(15_000),
+                                         "ray_train": row(3_000)},
+                       "gpu_busy_mean": {"chorus_1": row(80.0)}, "chorus_over_ray_train": {"verdict": "higher"}}
+                for name in ("tiny", "conformer", "conformer_gpu")}
+    result = {"device_name": "NVIDIA H100", "devices": 1, "communication": "needs 2 devices: not measured",
+              "steps": {"seconds_per_step": {}, "bf16_speedup": {"10m": {"ratio": 1.3}},
+                        "cudnn_compaction_warning": False},
+              "learners": {"recipes": learners}}
+    gpu_bench.plot(result, tmp_path / "gpu.png")
+    assert (tmp_path / "gpu.png").stat().st_size > 1000
+    assert all(gpu_bench.checks(result, {"steps", "learners"}).values())
+    learners["conformer_gpu"]["gpu_busy_mean"]["chorus_1"] = row(60.0)  # a GPU left 40% idle fails
+    learners["tiny"]["chorus_over_ray_train"]["verdict"] = "tie"  # and so does a tie with Ray Train
+    failed = {k for k, ok in gpu_bench.checks(result, {"steps", "learners"}).items() if not ok}
+    assert failed == {"conformer_gpu_chorus_1_gpu_at_least_70_percent_busy", "chorus_above_ray_train_every_recipe"}
+    assert not all(gpu_bench.checks({**result, "learners": None}, {"steps"}).values())  # a part not run fails

@@ -3,13 +3,13 @@
 #   (= WHEELS=.gpu/whl bash tools/gpu_check/run.sh; WHEELS: cp312 wheels of what the image lacks, see README.md)
 # Dry run on a CPU machine (project venv, accelerator=cpu, short budgets):   make gpu-check-dry
 # Every step has its own timeout; a failed step is logged and the next one runs. At most TOTAL_S
-# (420) seconds in all. Logs: $OUT/logs/ while running, then $OUT/gpu_logs.tar.gz + $OUT/summary.txt.
+# (600) seconds in all: a session's 15 minutes of device time hold one run and a machine's start. Logs: $OUT/logs/ while running, then $OUT/gpu_logs.tar.gz + $OUT/summary.txt.
 set -u
 T0=$(date +%s)
 KIT=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 WHEELS=${WHEELS:-.gpu/whl}                  # never committed: copied beside the checkout (tools/gpu_check/README.md)
 DRY=${DRY:-0}
-TOTAL=${TOTAL_S:-420}
+TOTAL=${TOTAL_S:-600}
 DEADLINE=$((T0 + TOTAL))
 RESERVE=15                                  # seconds kept for stopping Ray and packing the logs
 OUT=${OUT:-/tmp/chorus-kit-out}
@@ -157,6 +157,15 @@ echo -e "c_monitors\t0\t$(date +%s)\t$(date +%s)\t${#BG_PIDS[@]} monitors" >> "$
 # ---- i (first: a quick, direct check). cuDNN LSTM vs the learner's flat parameters, CPU and GPU
 run_step i_lstm_probe 90 "$PY" "$KIT/lstm_probe.py" data/tiny --steps "$PROBE_STEPS"
 
+# ---- g (second: issue 40's figures). bench/gpu.py: steps at 320 s batches, then one learner, two sharing
+# the GPU and Ray Train + DataLoader per recipe, 4 s windows x 5 repeats, interleaved (~6 min)
+if [ "$DRY" = 1 ]; then
+  skip_step g_bench_gpu "dry run (on a CPU: .venv/bin/python bench/gpu.py --device cpu, ~4 min)"
+else
+  run_step g_bench_gpu 420 "$PY" bench/gpu.py --repeats 5 --window 4 --steps 5 --workers $((CPUS / 2 - 1)) --corpus data/tiny
+  cp bench/results/gpu.json bench/results/gpu.png "$LOGS/" 2>/dev/null
+fi
+
 # ---- d, e. one learner as a Ray actor holding the GPU (the cluster user's path: --address)
 start_head ray_head_gpu "$W/rg" "$GPUS"
 GPU_HEAD=$HEAD_ADDR
@@ -180,14 +189,6 @@ if [ -n "$HEAD_ADDR" ]; then
   stop_head "$CPU_HEAD_ENTRY"
 else
   skip_step f_tiny_cpu "no Ray head"
-fi
-
-# ---- g. bench/gpu.py (one GPU: its `steps` part)
-if [ "$DRY" = 1 ]; then
-  skip_step g_bench_gpu "dry run"
-else
-  run_step g_bench_gpu 100 "$PY" bench/gpu.py --repeats 5
-  cp bench/results/gpu.json bench/results/gpu.png "$LOGS/" 2>/dev/null
 fi
 
 # ---- h. two gossip learners sharing the one GPU, half of it each (gpus_per_learner: 0.5)
