@@ -16,6 +16,7 @@ OUT=${OUT:-/tmp/chorus-kit-out}
 LOGS=$OUT/logs
 W=${WORK_DIR:-/tmp/ck$$}                   # scratch: short (Ray's socket paths live under it)
 P=$W/project
+CORPUS=$W/tiny                              # the corpus step b synthesizes
 mkdir -p "$LOGS" "$W/runs"
 export PYTHONUNBUFFERED=1 RAY_USAGE_STATS_ENABLED=0 RAY_AUTH_MODE=disabled
 if [ "$DRY" = 1 ]; then
@@ -107,7 +108,8 @@ train() {
   if (( left < wall )); then wall=$left; fi
   if (( wall < 10 )); then skip_step "$name" "no time left for a wall budget"; return 0; fi
   local args=(-m orchestrator.cli train "$spec" --out "$W/runs/$name" --overwrite --set "budget.wall_seconds=$wall"
-              --set data.test_unseen_engine=null "$@")
+              --set data.test_unseen_engine=null --set "data.train=$CORPUS/train.jsonl" --set "data.dev=$CORPUS/dev.jsonl"
+              --set "data.test=$CORPUS/test.jsonl" --set "data.test_unseen=$CORPUS/test-unseen.jsonl" "$@")
   [ -n "$addr" ] && args+=(--address "$addr")
   NOTE="wall=$wall" run_step "$name" $(( wall + TRAIN_OVERHEAD )) env ${TRAIN_ENV[@]+"${TRAIN_ENV[@]}"} "$PY" "${args[@]}"
   mkdir -p "$LOGS/$name"
@@ -136,8 +138,9 @@ run_step a_sys 20 bash -c 'uname -a; nproc; free -g; df -h /dev/shm /tmp; ulimit
 run_step a_env 90 "$PY" "$KIT/envcheck.py"
 
 # ---- b. the corpus (espeak-ng only without Festival)
-NOTE="utterances=$SYNTH_UTT" run_step b_synth 120 "$PY" -m orchestrator.cli synth data/tiny --utterances "$SYNTH_UTT" --seed 0 --workers "$CPUS"
-ls -la data/tiny >> "$LOGS/b_synth.log" 2>&1
+# in the scratch folder: a checkout's own data/tiny (the demo's corpus) is never touched
+NOTE="utterances=$SYNTH_UTT" run_step b_synth 120 "$PY" -m orchestrator.cli synth "$CORPUS" --utterances "$SYNTH_UTT" --seed 0 --workers "$CPUS"
+ls -la "$CORPUS" >> "$LOGS/b_synth.log" 2>&1
 
 # ---- c. GPU and CPU monitors for the whole run
 if [ "$DRY" != 1 ]; then
@@ -155,14 +158,14 @@ vmstat -t 2 > "$LOGS/vmstat.log" 2>&1 & BG_PIDS+=($!)
 echo -e "c_monitors\t0\t$(date +%s)\t$(date +%s)\t${#BG_PIDS[@]} monitors" >> "$LOGS/steps.tsv"
 
 # ---- i (first: a quick, direct check). cuDNN LSTM vs the learner's flat parameters, CPU and GPU
-run_step i_lstm_probe 90 "$PY" "$KIT/lstm_probe.py" data/tiny --steps "$PROBE_STEPS"
+run_step i_lstm_probe 90 "$PY" "$KIT/lstm_probe.py" "$CORPUS" --steps "$PROBE_STEPS"
 
 # ---- g (second: issue 40's figures). bench/gpu.py: steps at 320 s batches, then one learner, two sharing
 # the GPU and Ray Train + DataLoader per recipe, 4 s windows x 5 repeats, interleaved (~6 min)
 if [ "$DRY" = 1 ]; then
   skip_step g_bench_gpu "dry run (on a CPU: .venv/bin/python bench/gpu.py --device cpu, ~4 min)"
 else
-  run_step g_bench_gpu 420 "$PY" bench/gpu.py --repeats 5 --window 4 --steps 5 --workers $((CPUS / 2 - 1)) --corpus data/tiny
+  run_step g_bench_gpu 420 "$PY" bench/gpu.py --repeats 5 --window 4 --steps 5 --workers $((CPUS / 2 - 1)) --corpus "$CORPUS"
   cp bench/results/gpu.json bench/results/gpu.png "$LOGS/" 2>/dev/null
 fi
 
