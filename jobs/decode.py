@@ -1,16 +1,20 @@
 """CTC decoding: greedy (best class per frame, repeats collapsed, blanks dropped), or a beam search
-constrained to a lexicon (flashlight's, through torchaudio's `ctc_decoder`; no language model), in
-which every hypothesis is a sequence of known words spelled in the model's units."""
+constrained to a lexicon (flashlight's, through torchaudio's `ctc_decoder`), in which every
+hypothesis is a sequence of known words spelled in the model's units, optionally scored by a word
+n-gram language model (`jobs/ngram.py`) as well."""
 
 from __future__ import annotations
 
 import functools
+import math
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from torchaudio.models.decoder import CTCDecoderLM, CTCDecoderLMState
 
+from jobs.ngram import BOS, EOS, UNK, NgramModel
 from jobs.sections import DecodingConfig
 from jobs.tokenizer import BLANK, BLANK_NAME, BpeTokenizer, CharTokenizer
 
@@ -48,18 +52,22 @@ class LexiconDecoder:
     """
 
     def __init__(self, tokenizer: CharTokenizer | BpeTokenizer, words: list[str], beam: int = 10,
-                 word_score: float = 0.0):
+                 word_score: float = 0.0, lm: NgramModel | None = None, lm_weight: float = 1.0):
         from torchaudio.models.decoder import ctc_decoder  # flashlight-text underneath
 
         if not words:
             raise ValueError("a lexicon decoder needs at least one word")
-        self.words = sorted(set(words))
+        self.words = sorted(set(words) - {UNK})
         with tempfile.TemporaryDirectory() as folder:
-            lexicon = Path(folder) / "lexicon.txt"
+            lexicon, names = Path(folder) / "lexicon.txt", Path(folder) / "words.txt"
             lexicon.write_text("".join(f"{w} {' '.join(tokenizer.spell(w))}\n" for w in self.words))
-            self._search = ctc_decoder(lexicon=str(lexicon), tokens=tokenizer.unit_names(), lm=None,
-                                       beam_size=beam, word_score=word_score, blank_token=BLANK_NAME,
-                                       sil_token=tokenizer.word_separator, unk_word="<unk>")
+            names.write_text("".join(f"{w}\n" for w in [*self.words, UNK]))  # the decoder's word indices
+            self._search = ctc_decoder(
+                lexicon=str(lexicon), tokens=tokenizer.unit_names(),
+                lm=NgramDecoderLM(lm, [*self.words, UNK]) if lm is not None else None,
+                lm_dict=str(names) if lm is not None else None, lm_weight=lm_weight,
+                beam_size=beam, word_score=word_score, blank_token=BLANK_NAME,
+                sil_token=tokenizer.word_separator, unk_word=UNK)
 
     def __call__(self, log_probs: torch.Tensor, lengths: torch.Tensor) -> list[str]:
         """(batch, frames, classes) log-probabilities and (batch,) valid frames -> one text each."""
@@ -67,10 +75,39 @@ class LexiconDecoder:
         return [" ".join(hyps[0].words) if hyps else "" for hyps in best]
 
 
+class NgramDecoderLM(CTCDecoderLM):
+    """An `NgramModel` as flashlight's beam search asks a language model: natural-log scores of a
+    word (by its index in `words`) after a state's last words; a state per distinct history."""
+
+    def __init__(self, model: NgramModel, words: list[str]):
+        CTCDecoderLM.__init__(self)
+        self.model, self.words = model, words
+        self.history: dict[CTCDecoderLMState, tuple[str, ...]] = {}
+
+    def start(self, start_with_nothing: bool) -> CTCDecoderLMState:
+        state = CTCDecoderLMState()
+        self.history = {state: (BOS,)}  # one utterance's states at a time
+        return state
+
+    def _next(self, state: CTCDecoderLMState, index: int, word: str) -> tuple[CTCDecoderLMState, float]:
+        seen = self.history[state]
+        child = state.child(index)
+        self.history.setdefault(child, (*seen, word)[-max(1, self.model.order - 1):])
+        return child, self.model.logprob(seen, word) * math.log(10)
+
+    def score(self, state: CTCDecoderLMState, usr_token_idx: int) -> tuple[CTCDecoderLMState, float]:
+        return self._next(state, usr_token_idx, self.words[usr_token_idx])
+
+    def finish(self, state: CTCDecoderLMState) -> tuple[CTCDecoderLMState, float]:
+        return self._next(state, -1, EOS)
+
+
 def build_decoder(config: DecodingConfig, tokenizer: CharTokenizer | BpeTokenizer,
                   lexicon: Callable[[], list[str]]) -> Decoder:
     """`config`'s decoder over `tokenizer`'s units; `lexicon()` (asked only by `lexicon` decoding)
     gives its words."""
     makers = {"greedy": lambda: functools.partial(greedy_decode, tokenizer=tokenizer),
-              "lexicon": lambda: LexiconDecoder(tokenizer, lexicon(), config.beam, config.word_score)}
+              "lexicon": lambda: LexiconDecoder(tokenizer, lexicon(), config.beam, config.word_score),
+              "lm": lambda: LexiconDecoder(tokenizer, lexicon(), config.beam, config.word_score,
+                                           NgramModel.read_arpa(config.lm), config.lm_weight)}
     return makers[config.kind]()

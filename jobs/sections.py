@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 EVAL_SPLITS = ("dev", "test", "test_unseen", "test_unseen_engine")  # the data keys evaluated, in this order
 
@@ -222,10 +222,13 @@ class DecodingConfig(BaseModel):
         kind: `greedy` (the best unit per frame, repeats collapsed, blanks dropped: any string of
             units) or `lexicon` (flashlight's beam search through torchaudio's `ctc_decoder`, with
             no language model: a hypothesis is a sequence of words of the training transcripts,
-            each spelled in the model's units; the word list is saved with checkpoints).
-        beam: hypotheses kept per frame (`lexicon`).
+            each spelled in the model's units; the word list is saved with checkpoints) or `lm`
+            (the same search, its hypotheses also scored by the word n-gram model in `lm`).
+        beam: hypotheses kept per frame (`lexicon`, `lm`).
         word_score: added to a hypothesis's log-probability per word (`lexicon`): above 0 favours
             more words, below 0 fewer.
+        lm: an ARPA file of a word n-gram model (`chorus lm`), for `kind: lm`.
+        lm_weight: the language model's log-probability's weight against the acoustic model's (`lm`).
         warps: test-time augmentation: each evaluated utterance is read at these VTLP warp factors
             (`augment.vtlp_warp`'s filterbank warp, e.g. `[0.8, 0.9, 1.0, 1.1, 1.2]`) and the model's
             per-frame posteriors averaged before decoding (the reported loss is the averaged
@@ -235,9 +238,11 @@ class DecodingConfig(BaseModel):
     """
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-    kind: Literal["greedy", "lexicon"] = "greedy"
+    kind: Literal["greedy", "lexicon", "lm"] = "greedy"
     beam: int = Field(10, ge=1)
     word_score: float = 0.0
+    lm: str | None = None
+    lm_weight: float = Field(0.5, ge=0)
     warps: list[float] | None = Field(None, min_length=1)
 
     @field_validator("warps")
@@ -250,7 +255,13 @@ class DecodingConfig(BaseModel):
     @property
     def uses_lexicon(self) -> bool:
         """Whether decoding needs a word list (which checkpoints then carry)."""
-        return self.kind in {"lexicon"}
+        return self.kind in {"lexicon", "lm"}
+
+    @model_validator(mode="after")
+    def _lm_named(self) -> DecodingConfig:
+        if self.kind in {"lm"} and not self.lm:  # (a decoding kind, not a group's: tests/test_structure.py)
+            raise ValueError("decoding.kind is lm but decoding.lm names no ARPA file (make one with `chorus lm`)")
+        return self
 
 
 class WorkloadConfig(BaseModel):

@@ -108,6 +108,21 @@ def features(manifest, out, mel_bins, shard_mb):
     click.echo(strict_json.dumps(write_shards(manifest, out, num_mel_bins=mel_bins, shard_mb=shard_mb)))
 
 
+@main.command()
+@click.argument("text", type=click.Path(path_type=Path))
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True, help="The ARPA file to write.")
+@click.option("--order", default=3, show_default=True, type=click.IntRange(1, 6), help="The n-gram order.")
+def lm(text, out, order):
+    """Estimate a word n-gram language model (interpolated Kneser-Ney) of TEXT (a .jsonl manifest's
+    transcripts, or a text file of one sentence a line) into OUT, for `decoding.kind: lm`."""
+    from orchestrator.workload import workload_part
+
+    try:
+        click.echo(strict_json.dumps(workload_part("asr", "lm")(text, out, order)))
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
 def format_eval(record: dict) -> str:
     parts = [f"epoch {record['epoch']:g}", f"step {record['step']}", f"wall {record['wall_s']:.1f}s",
              f"train_loss {record['train_loss']:.3f}"]

@@ -1,0 +1,105 @@
+"""The word n-gram language model (jobs/ngram.py) and the beam search that uses it (jobs/decode.py):
+Kneser-Ney probabilities that sum to one after any history, an ARPA file that reads back the
+same model, a malformed one refused by line, and a language model that turns an acoustically
+likelier misspelling into the word its text makes likely."""
+
+import math
+
+import pytest
+import torch
+
+from jobs.decode import LexiconDecoder, greedy_decode
+from jobs.ngram import EOS, UNK, NgramModel, estimate
+from jobs.tokenizer import BLANK, CharTokenizer
+
+pytestmark = pytest.mark.unit
+
+TEXT = ["the cat sat on the mat", "the dog sat on the mat", "a cat sat on a hat", "the mat is red"]
+
+
+def _model(order: int = 3) -> NgramModel:
+    return estimate([line.split() for line in TEXT], order=order)
+
+
+@pytest.mark.parametrize("order", [1, 2, 3])
+def test_probabilities_after_any_history_sum_to_one(order):
+    lm = _model(order)
+    words = [w for w in lm.vocabulary if w != "<s>"]
+    assert {UNK, EOS, "cat", "mat"} <= set(words)
+    for history in [("<s>",), ("<s>", "the"), ("on", "the"), ("sat", "on"), ("never", "seen"), ()]:
+        total = sum(10 ** lm.logprob(history, w) for w in words)
+        assert total == pytest.approx(1.0, abs=1e-6), history
+    if order == 3:  # seen context raises what followed it: "the" after "on"
+        assert lm.logprob(("sat", "on"), "the") > lm.logprob(("sat", "on"), "cat")
+
+
+def test_an_arpa_file_reads_back_the_same_model_and_a_malformed_one_is_refused_by_line(tmp_path):
+    lm = _model()
+    lm.write_arpa(tmp_path / "lm.arpa")
+    again = NgramModel.read_arpa(tmp_path / "lm.arpa")
+    for history, word in [(("<s>",), "the"), (("on", "the"), "mat"), (("a",), "dog"), (("x", "y"), "zebra")]:
+        assert again.logprob(history, word) == pytest.approx(lm.logprob(history, word), abs=1e-5)
+    text = (tmp_path / "lm.arpa").read_text().splitlines()
+    bad_line = next(i for i, line in enumerate(text) if line.startswith("\\2-grams:")) + 1
+    text[bad_line] = "-0.5"
+    (tmp_path / "bad.arpa").write_text("\n".join(text))
+    with pytest.raises(ValueError, match=rf"bad.arpa:{bad_line + 1}: not an ARPA 2-gram line"):
+        NgramModel.read_arpa(tmp_path / "bad.arpa")
+
+
+def test_the_language_model_turns_an_acoustically_likelier_misspelling_into_the_right_word():
+    tok = CharTokenizer()
+    spoken = "the cat sat on the mad"  # the last sound heard as "d" (-0.2) rather than "t" (-1.8)
+    units = tok.encode(spoken).tolist()
+    frames = torch.tensor([f for unit in units for f in (unit, unit, BLANK)])
+    log_probs = torch.full((1, len(frames), tok.vocab_size), -9.0)
+    log_probs[..., BLANK] = -3.0
+    log_probs[0, torch.arange(len(frames)), frames] = -0.05
+    last = len(frames) - 3  # the two frames of the final "d"
+    log_probs[0, last:last + 2, tok.encode("t")[0]] = -1.8
+    log_probs[0, last:last + 2, tok.encode("d")[0]] = -0.2
+    log_probs = log_probs.log_softmax(-1)
+    lengths = torch.tensor([len(frames)])
+    words = ["the", "cat", "sat", "on", "mat", "mad", "hat", "dog", "a"]
+    assert greedy_decode(log_probs, lengths, tok) == [spoken]
+    assert LexiconDecoder(tok, words)(log_probs, lengths) == [spoken]  # both are words: the lexicon cannot tell
+    assert LexiconDecoder(tok, words, lm=_model(), lm_weight=1.0)(log_probs, lengths) == ["the cat sat on the mat"]
+    assert math.isfinite(_model().logprob(("the",), "mad"))  # "mad" is unknown to the text: <unk>, not -inf
+
+
+def test_chorus_lm_models_a_manifests_transcripts_and_decoding_kind_lm_uses_it(corpus, tmp_path):
+    from click.testing import CliRunner
+
+    from jobs.data import read_corpus
+    from jobs.sections import WorkloadConfig
+    from jobs.tokenizer import normalize
+    from jobs.workload import AsrWorkload
+    from orchestrator.cli import main
+
+    made = CliRunner().invoke(main, ["lm", str(corpus / "train.jsonl"), "--out", str(tmp_path / "lm.arpa")])
+    assert made.exit_code == 0, made.output
+    lm = NgramModel.read_arpa(tmp_path / "lm.arpa")
+    words = {w for u in read_corpus(corpus / "train.jsonl")[0] for w in normalize(u.text).split()}
+    assert set(lm.vocabulary) == words | {"<s>", "</s>", UNK} and lm.order == 3
+    w = AsrWorkload(WorkloadConfig(data={"train": corpus / "train.jsonl"}, decoding={
+        "kind": "lm", "lm": str(tmp_path / "lm.arpa"), "lm_weight": 0.5, "beam": 8}), seed=0)
+    model = w.build_model()
+    log_probs, lengths = model(torch.randn(2, 150, 80), torch.tensor([150, 100]))
+    assert all(set(text.split()) <= words for text in w.decode(log_probs, lengths))
+    assert "lexicon" in w.state_dict(model)  # its words travel with checkpoints, as the lexicon decoder's do
+
+
+def test_a_missing_text_or_model_and_an_lm_decoder_without_one_are_one_line_errors(tmp_path):
+    from click.testing import CliRunner
+    from pydantic import ValidationError
+
+    from jobs.sections import DecodingConfig
+    from orchestrator.cli import main
+
+    missing = CliRunner().invoke(main, ["lm", str(tmp_path / "nope.txt"), "--out", str(tmp_path / "lm.arpa")])
+    assert missing.exit_code == 1
+    assert missing.output.strip() == f"Error: {tmp_path / 'nope.txt'}: no such text file or manifest"
+    with pytest.raises(ValueError, match="no such ARPA file"):
+        NgramModel.read_arpa(tmp_path / "lm.arpa")
+    with pytest.raises(ValidationError, match="decoding.kind is lm but decoding.lm names no ARPA file"):
+        DecodingConfig(kind="lm")
