@@ -14,7 +14,8 @@ from pathlib import Path
 import torch
 from torchaudio.models.decoder import CTCDecoderLM, CTCDecoderLMState
 
-from jobs.ngram import BOS, EOS, UNK, NgramModel
+from jobs.data import DataError
+from jobs.ngram import BOS, EOS, UNK, NgramModel, read_arpa_text
 from jobs.sections import DecodingConfig
 from jobs.tokenizer import BLANK, BLANK_NAME, BpeTokenizer, CharTokenizer
 
@@ -102,12 +103,53 @@ class NgramDecoderLM(CTCDecoderLM):
         return self._next(state, -1, EOS)
 
 
-def build_decoder(config: DecodingConfig, tokenizer: CharTokenizer | BpeTokenizer,
-                  lexicon: Callable[[], list[str]]) -> Decoder:
-    """`config`'s decoder over `tokenizer`'s units; `lexicon()` (asked only by `lexicon` decoding)
-    gives its words."""
-    makers = {"greedy": lambda: functools.partial(greedy_decode, tokenizer=tokenizer),
-              "lexicon": lambda: LexiconDecoder(tokenizer, lexicon(), config.beam, config.word_score),
-              "lm": lambda: LexiconDecoder(tokenizer, lexicon(), config.beam, config.word_score,
-                                           NgramModel.read_arpa(config.lm), config.lm_weight)}
-    return makers[config.kind]()
+class DecodingAssets:
+    """What decoding needs besides the model, which checkpoints carry so that a reloaded model
+    decodes as it did wherever it is read: the words of a lexicon (`lexicon`, `lm` decoding; else
+    `words()`, e.g. the training transcripts') and the language model's ARPA text (`lm` decoding;
+    else read from `decoding.lm`)."""
+
+    def __init__(self, config: DecodingConfig, words: Callable[[], list[str]]):
+        self.config, self._words = config, words
+        self.words: list[str] | None = None
+        self.arpa: str | None = None
+
+    def lexicon(self) -> list[str]:
+        if self.words is None:
+            self.words = self._words()
+        return self.words
+
+    def lm(self) -> NgramModel:
+        if self.arpa is None:
+            self.arpa = read_arpa_text(self.config.lm)
+        return NgramModel.parse_arpa(self.arpa, self.config.lm)
+
+    def check(self) -> None:
+        """A DataError when `lm` decoding's model is missing or malformed (before a job places anything)."""
+        if self.config.kind in {"lm"}:
+            try:
+                self.lm()
+            except ValueError as exc:
+                raise DataError(f"decoding.lm: {exc}") from None
+
+    def state(self) -> dict:
+        carried = {"lexicon": self.lexicon()} if self.config.uses_lexicon else {}
+        if self.config.kind in {"lm"}:
+            self.lm()
+            carried["lm_arpa"] = self.arpa
+        return carried
+
+    def load(self, state: dict) -> None:
+        if "lexicon" in state:
+            self.words = list(state["lexicon"])
+        if "lm_arpa" in state:
+            self.arpa = str(state["lm_arpa"])
+
+    def decoder(self, tokenizer: CharTokenizer | BpeTokenizer) -> Decoder:
+        """The spec's decoder over `tokenizer`'s units, with these words and language model."""
+        c = self.config
+        makers = {"greedy": lambda: functools.partial(greedy_decode, tokenizer=tokenizer),
+                  "lexicon": lambda: LexiconDecoder(tokenizer, self.lexicon(), c.beam, c.word_score),
+                  "lm": lambda: LexiconDecoder(tokenizer, self.lexicon(), c.beam, c.word_score, self.lm(),
+                                               c.lm_weight)}
+        return makers[c.kind]()

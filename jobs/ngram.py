@@ -62,10 +62,13 @@ class NgramModel:
     @classmethod
     def read_arpa(cls, path: str | Path) -> NgramModel:
         """A model from an ARPA file; a malformed one raises ValueError naming the file and line."""
-        if not Path(path).is_file():
-            raise ValueError(f"{path}: no such ARPA file (make one with `chorus lm TEXT --out {path}`)")
+        return cls.parse_arpa(read_arpa_text(path), path)
+
+    @classmethod
+    def parse_arpa(cls, text: str, path: str | Path) -> NgramModel:
+        """A model from ARPA text (read from `path`, which errors name)."""
         probs, backoffs, order, n = {}, {}, 0, 0
-        for line_no, line in enumerate(Path(path).read_text().splitlines(), start=1):
+        for line_no, line in enumerate(text.splitlines(), start=1):
             line = line.strip()
             if not line or line in ("\\data\\", "\\end\\") or line.startswith("ngram "):
                 order = max(order, int(line.split("=")[0].split()[1])) if line.startswith("ngram ") else order
@@ -83,6 +86,12 @@ class NgramModel:
         if (UNK,) not in probs:
             raise ValueError(f"{path}: the model has no {UNK} unigram")
         return cls(order, probs, backoffs)
+
+
+def read_arpa_text(path: str | Path) -> str:
+    if not Path(path).is_file():
+        raise ValueError(f"{path}: no such ARPA file (make one with `chorus lm TEXT --out {path}`)")
+    return Path(path).read_text()
 
 
 def estimate(sentences: Iterable[list[str]], order: int = 3, discount: float = 0.75) -> NgramModel:

@@ -28,7 +28,7 @@ import torch
 
 from jobs.augment import Augment, Draws
 from jobs.data import AudioError, DataError, Utterance, load_audio, read_corpus, shard_batches
-from jobs.decode import Decoder, build_decoder
+from jobs.decode import Decoder, DecodingAssets
 from jobs.device_features import AudioBatch, DeviceFeatures
 from jobs.feature_shards import FeatureShards, is_features_folder
 from jobs.features import Fbank, SpecAugment
@@ -306,7 +306,8 @@ class AsrWorkload:
         self.config, self.seed = config, seed
         self._tokenizer: CharTokenizer | BpeTokenizer | None = None
         self._tokenizer_lock = threading.Lock()  # the prefetch thread and the step's may both ask first
-        self._lexicon: list[str] | None = None  # the words a checkpoint carried (decoding.kind: lexicon)
+        self.decoding = DecodingAssets(config.decoding, lambda: sorted(
+            {w for u in self.train.utterances for w in self.tokenizer.normalize(u.text).split()}))
         self._decoder: Decoder | None = None
         self.augment = Augment(config.augment, seed)
         self.fbank = Fbank(config.features.num_mel_bins)
@@ -338,14 +339,12 @@ class AsrWorkload:
     def lexicon(self) -> list[str]:
         """The words a lexicon decoder may output: those a loaded checkpoint carried, or else the
         training transcripts' (normalized)."""
-        if self._lexicon is None:
-            self._lexicon = sorted({w for u in self.train.utterances for w in self.tokenizer.normalize(u.text).split()})
-        return self._lexicon
+        return self.decoding.lexicon()
 
     def decode(self, log_probs: torch.Tensor, lengths: torch.Tensor) -> list[str]:
-        """A batch's texts, decoded as `decoding` says (greedy, or through `lexicon`)."""
+        """A batch's texts, decoded as `decoding` says (greedy, or through `lexicon`, and an `lm`)."""
         if self._decoder is None:
-            self._decoder = build_decoder(self.config.decoding, self.tokenizer, lambda: self.lexicon)
+            self._decoder = self.decoding.decoder(self.tokenizer)
         return self._decoder(log_probs, lengths)
 
     @property
@@ -368,6 +367,7 @@ class AsrWorkload:
             self.tokenizer  # noqa: B018 - a BPE model is learnt here first, so a corpus it cannot learn from stops the job now
         except ValueError as exc:
             raise DataError(f"model.tokenizer: cannot learn BPE units from {d.train}: {exc}") from None
+        self.decoding.check()  # a missing or malformed language model stops the job now, not at its first evaluation
 
     @property
     def max_rollbacks(self) -> int:
@@ -476,16 +476,14 @@ class AsrWorkload:
 
     def state_dict(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> dict:
         """The model's (and optimizer's) state and the tokenizer's, so a checkpoint decodes with its own
-        units (and, decoding through a lexicon, its words)."""
-        lexicon = {"lexicon": self.lexicon} if self.config.decoding.uses_lexicon else {}
-        return {**model_state(model, optimizer), "tokenizer": self.tokenizer.state(), **lexicon}
+        units (and, decoding through a lexicon, its words; with a language model, that model)."""
+        return {**model_state(model, optimizer), "tokenizer": self.tokenizer.state(), **self.decoding.state()}
 
     def load_state_dict(self, state: dict, model: torch.nn.Module,
                         optimizer: torch.optim.Optimizer | None = None) -> None:
         load_model_state(state, model, optimizer)
         self._decoder = None  # the next decode() builds one with what the checkpoint carries
-        if "lexicon" in state:
-            self._lexicon = list(state["lexicon"])
+        self.decoding.load(state)
         if "tokenizer" in state:
             with self._tokenizer_lock:
                 self._tokenizer = tokenizer_from_state(state["tokenizer"])

@@ -103,3 +103,26 @@ def test_a_missing_text_or_model_and_an_lm_decoder_without_one_are_one_line_erro
         NgramModel.read_arpa(tmp_path / "lm.arpa")
     with pytest.raises(ValidationError, match="decoding.kind is lm but decoding.lm names no ARPA file"):
         DecodingConfig(kind="lm")
+
+
+def test_a_checkpoint_carries_its_language_model_and_decodes_where_the_file_is_not(corpus, tmp_path):
+    from jobs.sections import WorkloadConfig
+    from jobs.workload import AsrWorkload
+
+    estimate([["go", "left"], ["go", "right"]]).write_arpa(tmp_path / "lm.arpa")
+    config = WorkloadConfig(data={"train": corpus / "train.jsonl"},
+                            decoding={"kind": "lm", "lm": str(tmp_path / "lm.arpa")})
+    trained = AsrWorkload(config, seed=0)
+    model = trained.build_model()
+    state = trained.state_dict(model)
+    assert NgramModel.parse_arpa(state["lm_arpa"], "checkpoint").logprob(("go",), "left") == \
+        pytest.approx(NgramModel.read_arpa(tmp_path / "lm.arpa").logprob(("go",), "left"))
+    (tmp_path / "lm.arpa").unlink()  # the reader's machine has no such file: the checkpoint's copy decodes
+    reader = AsrWorkload(config, seed=0)
+    reader.load_state_dict(state, reader.build_model())
+    log_probs, lengths = model(torch.randn(1, 120, 80), torch.tensor([120]))
+    assert reader.decode(log_probs, lengths) == trained.decode(log_probs, lengths)
+    from jobs.data import DataError
+
+    with pytest.raises(DataError, match=r"^decoding.lm: .*lm.arpa: no such ARPA file"):  # a job stops before it starts
+        AsrWorkload(config, seed=0).check_data()
