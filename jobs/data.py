@@ -96,11 +96,12 @@ class AudioError(Exception):
         self.reason, self.detail = reason, detail
 
 
-def load_audio(path: str | Path, max_seconds: float | None = None) -> torch.Tensor:
-    """Mono float32 waveform at 16 kHz: stereo is averaged, other rates resampled. A file longer
-    than `max_seconds` is refused from its header, before any sample is read."""
+def load_audio(path, max_seconds: float | None = None) -> torch.Tensor:
+    """Mono float32 waveform at 16 kHz of a file (a path, or a binary file object): stereo is
+    averaged, other rates resampled. A file longer than `max_seconds` is refused from its header,
+    before any sample is read."""
     try:
-        with sf.SoundFile(str(path)) as f:
+        with sf.SoundFile(str(path) if isinstance(path, (str, Path)) else path) as f:
             seconds = f.frames / f.samplerate
             if max_seconds is not None and seconds > max_seconds:
                 raise AudioError(TOO_LONG, f"{seconds:.0f} s > {max_seconds:g} s")

@@ -109,6 +109,21 @@ def features(manifest, out, mel_bins, shard_mb):
 
 
 @main.command()
+@click.argument("manifest", type=click.Path(exists=True, path_type=Path))
+@click.option("--out", required=True, help="A folder or a URI pyarrow.fs opens (s3://bucket/path?endpoint_override=...).")
+@click.option("--shard-mb", default=64.0, show_default=True, help="Audio bytes per shard.")
+def shards(manifest, out, shard_mb):
+    """Pack MANIFEST's audio and transcripts into WebDataset-style tar shards at OUT (`shards.json`
+    indexes them), for learners to stream."""
+    from orchestrator.workload import workload_part
+
+    try:
+        click.echo(strict_json.dumps(workload_part("asr", "shards")(manifest, out, shard_mb=shard_mb)))
+    except workload_part("asr", "input_error") as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+@main.command()
 @click.argument("text", type=click.Path(path_type=Path))
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True, help="The ARPA file to write.")
 @click.option("--order", default=3, show_default=True, type=click.IntRange(1, 6), help="The n-gram order.")

@@ -32,7 +32,8 @@ if TYPE_CHECKING:
 REGISTRY: dict[str, dict[str, str]] = {
     "asr": {"workload": "jobs.workload:AsrWorkload", "config": "jobs.sections:WorkloadConfig",
             "synthesize": "jobs.synth:synthesize", "synth_error": "jobs.synth:SynthError",
-            "features": "jobs.feature_shards:write_shards", "lm": "jobs.ngram:write_lm"},
+            "features": "jobs.feature_shards:write_shards", "lm": "jobs.ngram:write_lm",
+            "shards": "jobs.audio_shards:write_audio_shards", "input_error": "jobs.data:DataError"},
     "linear": {"workload": "jobs.linear:LinearWorkload", "config": "jobs.sections:LinearConfig"},
 }
 EVAL_SPLITS = ("dev", "test", "test_unseen", "test_unseen_engine")  # dev while training, the others at the end

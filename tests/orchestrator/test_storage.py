@@ -98,6 +98,29 @@ def test_a_run_folder_mirrored_to_s3_and_back(s3, tmp_path):
         RunStorage(uri(s3, "unit/none"), staging=tmp_path / "d").check(resume=True, overwrite=False)
 
 
+@pytest.mark.unit
+def test_chorus_shards_writes_a_corpus_to_s3_and_it_streams_back_from_the_index(s3, corpus, tmp_path):
+    from click.testing import CliRunner
+
+    from jobs.audio_shards import AudioShards
+    from jobs.data import DataError
+    from orchestrator.cli import main
+
+    made = CliRunner().invoke(main, ["shards", str(corpus / "dev.jsonl"), "--out", uri(s3, "shards/dev"),
+                                     "--shard-mb", "0.2"])
+    assert made.exit_code == 0, made.output
+    assert json.loads(made.output)["utterances"] == 20
+    stored = listed(s3, "shards/dev/")
+    assert "shards.json" in stored and len(stored) == 1 + json.loads(made.output)["shards"] > 2
+    shards = AudioShards(uri(s3, "shards/dev"))
+    read = [u for name in shards.names for u in shards.read(name)]
+    assert len(read) == 20 and all(u.waveform.numel() > 1000 and u.text for u in read)
+    missing = CliRunner().invoke(main, ["shards", str(corpus / "dev.jsonl"), "--out", "nosuch://x/y"])
+    assert missing.exit_code == 1 and missing.output.startswith("Error: nosuch://x/y: cannot open it")
+    with pytest.raises(DataError, match="s3://chorus/shards/none: no shards.json there"):
+        AudioShards(uri(s3, "shards/none"))
+
+
 @pytest.mark.slow
 def test_a_job_writes_to_s3_is_stopped_and_resumes_from_it_on_another_node(ray_cluster, s3, corpus, tmp_path):
     """The resumed run is started from the session cluster's worker node (by a Ray task placed

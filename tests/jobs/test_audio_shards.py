@@ -1,0 +1,31 @@
+"""Audio shards (jobs/audio_shards.py, `chorus shards`): a manifest packed into tar shards at a
+folder reads back as the same utterances, texts, durations and samples, shard by shard, from the
+index's names alone; a location without shards, or one that cannot be opened, is one line."""
+
+import pytest
+import torch
+
+from jobs.audio_shards import AudioShards, write_audio_shards
+from jobs.data import DataError, load_audio, read_corpus
+
+pytestmark = pytest.mark.unit
+
+
+def test_shards_read_back_the_manifests_utterances_texts_and_samples(corpus, tmp_path):
+    summary = write_audio_shards(corpus / "train.jsonl", tmp_path / "shards", shard_mb=0.5)
+    utterances, _ = read_corpus(corpus / "train.jsonl")
+    shards = AudioShards(tmp_path / "shards")
+    assert summary["utterances"] == len(utterances) == sum(shards.counts.values()) == 160
+    assert summary["shards"] == len(shards.names) > 1  # 0.5 MB each: the corpus spans several
+    read = [u for name in shards.names for u in shards.read(name)]
+    assert [u.id for u in read] == [u.id for u in utterances]
+    assert [(u.text, u.duration) for u in read] == [(u.text, u.duration) for u in utterances]
+    for got, utt in zip(read[::40], utterances[::40], strict=True):
+        assert torch.equal(got.waveform, load_audio(utt.path))
+
+
+def test_a_location_without_shards_or_that_cannot_be_opened_is_one_line(tmp_path):
+    with pytest.raises(DataError, match=r"nowhere: no shards.json there \(write shards with `chorus shards"):
+        AudioShards(tmp_path / "nowhere")
+    with pytest.raises(DataError, match=r"^nosuch://bucket/x: cannot open it"):
+        AudioShards("nosuch://bucket/x?endpoint_override=127.0.0.1:1")
