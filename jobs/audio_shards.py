@@ -77,7 +77,7 @@ def write_audio_shards(manifest: str | Path, out: str | Path, shard_mb: float = 
             current, size = (name, tarfile.open(fileobj=stream, mode="w|"), stream), 0.0
             shards.append({"name": name, "utterances": 0, "seconds": 0.0})
         audio = Path(utt.path).read_bytes()
-        meta = json.dumps({"text": utt.text, "duration": utt.duration}).encode()
+        meta = json.dumps({"text": utt.text, "duration": utt.duration}, allow_nan=False).encode()
         for member, data in ((f"{utt.id}{Path(utt.path).suffix}", audio), (f"{utt.id}.json", meta)):
             info = tarfile.TarInfo(member)
             info.size = len(data)
@@ -90,7 +90,7 @@ def write_audio_shards(manifest: str | Path, out: str | Path, shard_mb: float = 
              "utterances": len(utterances), "hours": round(sum(u.duration for u in utterances) / 3600, 3),
              "skipped": dict(skipped.counts)}
     with fs.open_output_stream(f"{root}/{INDEX}") as stream:
-        stream.write(json.dumps(index, indent=1).encode())
+        stream.write(json.dumps(index, indent=1, allow_nan=False).encode())
     return {k: v for k, v in index.items() if k != "shards"} | {"shards": len(shards), "out": str(out)}
 
 
