@@ -14,6 +14,8 @@ Example:
     >>> shards = AudioShards("s3://bucket/tiny-train?endpoint_override=127.0.0.1:9000")
     >>> next(shards.read(shards.names[0])).text
     'go left'
+    >>> next(shards.read(shards.names[0])).waveform.shape
+    torch.Size([12800])
 """
 
 from __future__ import annotations
@@ -25,11 +27,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from jobs.data import DataError, load_audio, read_corpus
 
 INDEX = "shards.json"
+TEXTS = "texts.txt"
 FORMAT = "chorus-audio-shards"
 VERSION = 1
 
@@ -39,7 +43,12 @@ class ShardUtterance:
     id: str
     text: str
     duration: float
-    waveform: torch.Tensor  # mono float32 at 16 kHz
+    audio: bytes  # the audio file's bytes, as the manifest's file held them
+
+    @property
+    def waveform(self) -> torch.Tensor:
+        """Mono float32 at 16 kHz (`jobs.data.load_audio`: raises AudioError when unreadable)."""
+        return load_audio(io.BytesIO(self.audio))
 
 
 def _filesystem(location: str | Path):
@@ -55,43 +64,52 @@ def _filesystem(location: str | Path):
         raise DataError(f"{location.split('?')[0]}: cannot open it ({str(exc).splitlines()[0]})") from None
 
 
-def write_audio_shards(manifest: str | Path, out: str | Path, shard_mb: float = 64.0) -> dict:
-    """Pack MANIFEST's readable utterances into shards at `out`; returns the index's totals."""
+def write_audio_shards(manifest: str | Path, out: str | Path, shard_mb: float = 64.0, seed: int = 0) -> dict:
+    """Pack MANIFEST's readable utterances into shards at `out`; returns the index's totals. The
+    utterances are dealt to shards in an order shuffled by `seed` (each shard a sample of the whole
+    corpus), and each shard holds its own in order of duration (a learner streaming it cuts batches
+    of similar lengths without sorting). `texts.txt` holds every transcript, a line each, for the
+    tokenizer and the lexicon (no learner reads the audio for them)."""
     utterances, skipped = read_corpus(manifest)
     if not utterances:
         raise DataError(f"no usable utterances in {manifest}: {skipped.describe()}")
     fs, root = _filesystem(out)
     fs.create_dir(root, recursive=True)
-    shards, current, size = [], None, 0.0
-
-    def close() -> None:
-        if current is not None:
-            current[1].close()
-            current[2].close()
-
-    for utt in utterances:
-        if current is None or size >= shard_mb * 2**20:
-            close()
-            name = f"shard-{len(shards):06d}.tar"
-            stream = fs.open_output_stream(f"{root}/{name}")
-            current, size = (name, tarfile.open(fileobj=stream, mode="w|"), stream), 0.0
-            shards.append({"name": name, "utterances": 0, "seconds": 0.0})
-        audio = Path(utt.path).read_bytes()
-        meta = json.dumps({"text": utt.text, "duration": utt.duration}, allow_nan=False).encode()
-        for member, data in ((f"{utt.id}{Path(utt.path).suffix}", audio), (f"{utt.id}.json", meta)):
-            info = tarfile.TarInfo(member)
-            info.size = len(data)
-            current[1].addfile(info, io.BytesIO(data))
-        size += len(audio)
-        shards[-1]["utterances"] += 1
-        shards[-1]["seconds"] = round(shards[-1]["seconds"] + utt.duration, 3)
-    close()
+    shards, dealt = [], _deal(utterances, shard_mb * 2**20, seed)
+    for members in dealt:
+        name = f"shard-{len(shards):06d}.tar"
+        with fs.open_output_stream(f"{root}/{name}") as stream, tarfile.open(fileobj=stream, mode="w|") as tar:
+            for utt in members:
+                meta = json.dumps({"text": utt.text, "duration": utt.duration}, allow_nan=False).encode()
+                for member, data in ((f"{utt.id}{Path(utt.path).suffix}", Path(utt.path).read_bytes()),
+                                     (f"{utt.id}.json", meta)):
+                    info = tarfile.TarInfo(member)
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+        shards.append({"name": name, "utterances": len(members),
+                       "seconds": round(sum(u.duration for u in members), 3)})
+    with fs.open_output_stream(f"{root}/{TEXTS}") as stream:
+        stream.write("".join(f"{u.text}\n" for members in dealt for u in members).encode())
     index = {"format": FORMAT, "version": VERSION, "source": str(manifest), "shards": shards,
              "utterances": len(utterances), "hours": round(sum(u.duration for u in utterances) / 3600, 3),
              "skipped": dict(skipped.counts)}
-    with fs.open_output_stream(f"{root}/{INDEX}") as stream:
+    with fs.open_output_stream(f"{root}/{INDEX}") as stream:  # last: a folder without it was never finished
         stream.write(json.dumps(index, indent=1, allow_nan=False).encode())
     return {k: v for k, v in index.items() if k != "shards"} | {"shards": len(shards), "out": str(out)}
+
+
+def _deal(utterances: list, shard_bytes: float, seed: int) -> list[list]:
+    """The utterances in shards of about `shard_bytes` of audio each (by file size): taken in an
+    order shuffled by `seed`, each shard sorted by duration."""
+    order = np.random.default_rng(seed).permutation(len(utterances))
+    shards, size = [[]], 0
+    for i in order.tolist():
+        if shards[-1] and size >= shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(utterances[i])
+        size += Path(utterances[i].path).stat().st_size
+    return [sorted(members, key=lambda u: (u.duration, u.id)) for members in shards]
 
 
 class AudioShards:
@@ -111,9 +129,12 @@ class AudioShards:
             raise DataError(f"{self.location.split('?')[0]}/{INDEX}: not a version-{VERSION} {FORMAT} index")
         self.names = [s["name"] for s in index["shards"]]
         self.counts = {s["name"]: s["utterances"] for s in index["shards"]}
+        self.utterances = sum(self.counts.values())
 
-    def read(self, name: str) -> Iterator[ShardUtterance]:
-        """The utterances of shard `name`, in order, one member in memory at a time."""
+    def read(self, name: str, skip: int = 0) -> Iterator[ShardUtterance]:
+        """The utterances of shard `name`, in order, after its first `skip` (passed over
+        undecoded), one member in memory at a time. A shard that cannot be opened or read raises
+        OSError or tarfile.TarError; one that ends early just ends (its reader counts)."""
         with self.fs.open_input_stream(f"{self.root}/{name}") as stream, tarfile.open(fileobj=stream, mode="r|") as tar:
             audio: tuple[str, bytes] | None = None
             for member in tar:
@@ -123,7 +144,21 @@ class AudioShards:
                     audio = (key, data)
                     continue
                 if audio is None or audio[0] != key:
-                    raise DataError(f"{name}: {member.name} has no audio before it")
-                meta = json.loads(data)
-                yield ShardUtterance(key, meta["text"], meta["duration"], load_audio(io.BytesIO(audio[1])))
+                    raise tarfile.ReadError(f"{member.name} has no audio before it")
+                if skip > 0:
+                    skip -= 1
+                else:
+                    meta = json.loads(data)
+                    yield ShardUtterance(key, meta["text"], meta["duration"], audio[1])
                 audio = None
+
+    def texts(self, limit: int | None = None) -> list[str]:
+        """The corpus's transcripts (`texts.txt`, in the order the shards were dealt: any first
+        `limit` of them are a random sample of the corpus)."""
+        lines = []
+        with self.fs.open_input_stream(f"{self.root}/{TEXTS}") as stream:
+            for line in io.TextIOWrapper(io.BufferedReader(stream), encoding="utf-8"):
+                if limit is not None and len(lines) >= limit:
+                    break
+                lines.append(line.rstrip("\n"))
+        return lines

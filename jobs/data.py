@@ -109,7 +109,8 @@ def load_audio(path, max_seconds: float | None = None) -> torch.Tensor:
     except AudioError:
         raise
     except Exception as exc:  # soundfile raises several types for unreadable files
-        raise AudioError("unreadable audio file", str(exc)) from exc
+        detail = str(exc) if isinstance(path, (str, Path)) else str(exc).rpartition(">: ")[2]  # not the object's repr
+        raise AudioError("unreadable audio file", detail) from exc
     if wav.shape[0] == 0:
         raise AudioError("empty audio file")
     mono = torch.from_numpy(wav.mean(axis=1))

@@ -19,8 +19,11 @@ class DataConfig(BaseModel):
     """Args:
     train, dev, test, test_unseen, test_unseen_engine: a `.jsonl` manifest, a LibriSpeech-layout
         directory or a features directory (`chorus features`: filterbanks computed once) each; all
-        but `train` may be left out. `test_unseen` is meant for voices never heard in training,
-        `test_unseen_engine` for speech from a synthesizer (or recording setup) never heard in training.
+        but `train` may be left out. `train` may also be audio shards (`chorus shards`) at a folder
+        or a URI (`s3://bucket/corpus?endpoint_override=host:port`): each learner streams the
+        shards planned for it, and nothing reads the whole corpus. `test_unseen` is meant for voices
+        never heard in training, `test_unseen_engine` for speech from a synthesizer (or recording
+        setup) never heard in training.
     max_batch_seconds: padded audio seconds per batch (utterances x longest in the batch).
     max_utterance_seconds: a longer utterance is skipped (counted, never loaded), which bounds
         the memory one utterance takes.
@@ -36,7 +39,7 @@ class DataConfig(BaseModel):
     """
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-    train: Path
+    train: Path | str  # a URI (`s3://...`) stays a string
     dev: Path | None = None
     test: Path | None = None
     test_unseen: Path | None = None
@@ -49,8 +52,11 @@ class DataConfig(BaseModel):
 
     @field_validator("train", *EVAL_SPLITS)
     @classmethod
-    def _exists(cls, path: Path | None, info: ValidationInfo) -> Path | None:
-        if path is None or not (info.context or {}).get("check_paths", True):  # paths of another machine
+    def _exists(cls, path: Path | str | None, info: ValidationInfo) -> Path | str | None:
+        if path is None or "://" in str(path):  # audio shards at a URI: opened (and checked) by check_data
+            return None if path is None else str(path)
+        path = Path(path)
+        if not (info.context or {}).get("check_paths", True):  # paths of another machine
             return path
         if not path.exists():
             raise ValueError(f"no such manifest or directory: '{path}'")

@@ -15,18 +15,17 @@ anything, `batches` on a learner's node that sees no training data or can read n
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import socket
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from jobs.augment import Augment, Draws
+from jobs.batch import Batch, padded_batch
 from jobs.data import AudioError, DataError, Utterance, load_audio, read_corpus, shard_batches
 from jobs.decode import Decoder, DecodingAssets
 from jobs.device_features import AudioBatch, DeviceFeatures
@@ -35,6 +34,7 @@ from jobs.features import Fbank, SpecAugment
 from jobs.models import build_model, ctc_loss
 from jobs.pipeline import FeatureCache, Prefetcher
 from jobs.sections import EVAL_SPLITS, OptimConfig, WorkloadConfig
+from jobs.shard_stream import ShardStream, StreamCorpus, is_shard_source
 from jobs.tokenizer import BpeTokenizer, CharTokenizer, build_tokenizer, output_size, tokenizer_from_state
 from jobs.wer import word_error_rate
 from jobs.worker_batches import WorkerBatches, default_workers
@@ -47,57 +47,6 @@ ONEDNN_PRIMITIVES = "32"  # oneDNN's CPU kernels (LSTM, convolutions) the proces
 # against 968 MB with 32, and +141 MB after it against +18). A batch whose shape was seen before runs
 # ~7% slower when its kernel was dropped. Read by oneDNN when it first runs a kernel; a user's own
 # ONEDNN_PRIMITIVE_CACHE_CAPACITY wins.
-
-
-@dataclass
-class Batch:
-    feats: torch.Tensor | None  # (batch, frames, bins), zero-padded; None until `featurized` when `audio` is set
-    feat_lengths: torch.Tensor | None
-    targets: torch.Tensor  # concatenated character ids
-    target_lengths: torch.Tensor
-    texts: list[str]
-    ids: list[str]
-    audio: AudioBatch | None = None  # features to compute on the learner's device (`features.compute_on`)
-
-    @property
-    def size(self) -> int:
-        return len(self.ids)
-
-    def _tensors(self) -> list[str]:
-        return [k for k in ("feats", "feat_lengths", "targets", "target_lengths") if getattr(self, k) is not None]
-
-    def to(self, device: torch.device) -> Batch:
-        """The batch with its tensors on `device`."""
-        return dataclasses.replace(self, **{k: getattr(self, k).to(device, non_blocking=True) for k in self._tensors()},
-                                   audio=self.audio.to(device) if self.audio is not None else None)
-
-    def pin_memory(self) -> Batch:
-        """The batch in page-locked memory (DataLoader's `pin_memory`), so `to(cuda)` copies it asynchronously."""
-        return dataclasses.replace(self, **{k: getattr(self, k).pin_memory() for k in self._tensors()},
-                                   audio=self.audio.pin_memory() if self.audio is not None else None)
-
-    def halves(self) -> tuple[Batch, Batch] | None:
-        """Its first and second half of utterances as two batches (what a learner short of device
-        memory trains one after the other); None for a single utterance."""
-        if self.size < 2:
-            return None
-        k, ends = self.size // 2, self.target_lengths.cumsum(0).tolist()
-
-        def rows(part: slice, targets: slice) -> Batch:
-            return Batch(feats=self.feats[part] if self.feats is not None else None,
-                         feat_lengths=self.feat_lengths[part] if self.feat_lengths is not None else None,
-                         targets=self.targets[targets], target_lengths=self.target_lengths[part],
-                         texts=self.texts[part], ids=self.ids[part],
-                         audio=self.audio.rows(part) if self.audio is not None else None)
-
-        return rows(slice(0, k), slice(0, ends[k - 1])), rows(slice(k, None), slice(ends[k - 1], None))
-
-    def featurized(self, features: DeviceFeatures) -> Batch:
-        """The batch with its features computed from its `audio` by `features`, where the audio is."""
-        if self.audio is None:
-            return self
-        feats, lengths = features(self.audio)
-        return dataclasses.replace(self, feats=feats, feat_lengths=lengths, audio=None)
 
 
 class Corpus:
@@ -152,6 +101,17 @@ class Corpus:
     @property
     def durations(self) -> list[float]:
         return [u.duration for u in self.utterances]
+
+    def texts(self) -> list[str]:
+        return [u.text for u in self.utterances]
+
+    def batches(self, rank: int, world_size: int, epoch: int, seed: int, data, start: int = 0,
+                weights: list[float] | None = None) -> ShardBatches:
+        """Rank `rank`'s batches of `epoch` (`data`: the spec's data section), from planned batch
+        `start` on (`jobs.data.shard_batches`)."""
+        plan = shard_batches(self.durations, data.max_batch_seconds, epoch, seed, rank, world_size, weights)
+        workers = self.in_workers(default_workers() if data.workers is None else data.workers, data.prefetch_batches)
+        return ShardBatches(self, plan, start, data.prefetch_batches, epoch, workers)
 
     def tried(self, i: int) -> bool:
         """Whether utterance `i`'s features are in the cache, or its audio proved unreadable."""
@@ -219,21 +179,9 @@ class Corpus:
     def _batch(self, items: list[tuple[int, torch.Tensor]], audio: AudioBatch | None = None) -> Batch | None:
         """(utterance index, features) pairs as a padded batch, or with `audio` (index, waveform)
         pairs, their features left to compute; None for none."""
-        if not items:
-            return None
-        feats = [f for _, f in items]
         utts = [self.utterances[i] for i, _ in items]
-        tokenizer = self.tokenizer()
-        targets = [tokenizer.encode(u.text) for u in utts]
-        return Batch(
-            feats=torch.nn.utils.rnn.pad_sequence(feats, batch_first=True) if audio is None else None,
-            feat_lengths=torch.tensor([len(f) for f in feats]) if audio is None else None,
-            targets=torch.cat(targets),
-            target_lengths=torch.tensor([len(t) for t in targets]),
-            texts=[tokenizer.normalize(u.text) for u in utts],
-            ids=[u.id for u in utts],
-            audio=audio,
-        )
+        return padded_batch([f for _, f in items], [u.text for u in utts], [u.id for u in utts], self.tokenizer(),
+                            audio)
 
 
 class ShardBatches:
@@ -307,7 +255,7 @@ class AsrWorkload:
         self._tokenizer: CharTokenizer | BpeTokenizer | None = None
         self._tokenizer_lock = threading.Lock()  # the prefetch thread and the step's may both ask first
         self.decoding = DecodingAssets(config.decoding, lambda: sorted(
-            {w for u in self.train.utterances for w in self.tokenizer.normalize(u.text).split()}))
+            {w for text in self.train.texts() for w in self.tokenizer.normalize(text).split()}))
         self._decoder: Decoder | None = None
         self.augment = Augment(config.augment, seed)
         self.fbank = Fbank(config.features.num_mel_bins)
@@ -317,13 +265,19 @@ class AsrWorkload:
         self._corpora: dict[Path, Corpus] = {}
         self._skips_reported = 0  # of the training corpus's skips, those `new_skips` returned
 
-    def corpus(self, source: str | Path) -> Corpus:
-        key = Path(source).resolve()
+    def corpus(self, source: str | Path) -> Corpus | StreamCorpus:
+        """The corpus at `source`: a manifest's, a LibriSpeech folder's, a features folder's, or
+        (training only) audio shards' at a folder or URI, streamed (`jobs.shard_stream`)."""
+        key = _source_key(source)
         if key not in self._corpora:
-            train = key == Path(self.config.data.train).resolve()  # augmented, and featurized on the device
-            self._corpora[key] = Corpus(
+            train = key == _source_key(self.config.data.train)  # augmented, and featurized on the device
+            kind = StreamCorpus if is_shard_source(source) else Corpus
+            if kind is StreamCorpus and not train:
+                raise DataError(f"{source}: audio shards are a training source; evaluate on a manifest or folder")
+            self._corpora[key] = kind(
                 source, self.fbank, lambda: self.tokenizer, self.config.data.max_utterance_seconds,
-                self.cache, self.augment if train else None, train and _on_device(self.config))
+                **({"cache": self.cache} if kind is Corpus else {}), augment=self.augment if train else None,
+                on_device=train and _on_device(self.config))
         return self._corpora[key]
 
     @property
@@ -332,7 +286,7 @@ class AsrWorkload:
         (BPE: trained from the training transcripts, the same on every learner)."""
         with self._tokenizer_lock:
             if self._tokenizer is None:
-                self._tokenizer = build_tokenizer(self.config.model.tokenizer, (u.text for u in self.train.utterances))
+                self._tokenizer = build_tokenizer(self.config.model.tokenizer, self.train.texts())
             return self._tokenizer
 
     @property
@@ -385,7 +339,7 @@ class AsrWorkload:
     def new_skips(self) -> dict[str, str]:
         """Training utterances skipped here since the last call (what -> reason): what a learner
         reports to its driver, whose `add_skips` merges them into the job's count."""
-        corpus = self._corpora.get(Path(self.config.data.train).resolve())
+        corpus = self._corpora.get(_source_key(self.config.data.train))
         if corpus is None:
             return {}
         skips = corpus.skipped.since(self._skips_reported)
@@ -420,18 +374,15 @@ class AsrWorkload:
         return float(norm)
 
     def batches(self, rank: int, world_size: int, epoch: int, start: int = 0,
-                weights: list[float] | None = None) -> ShardBatches:
-        """This rank's batches for one epoch, from planned batch `start` on: a sized iterable that
-        loads audio as it goes. `weights` (one per rank) size the shards unequally
-        (`jobs.data.shard_batches`)."""
+                weights: list[float] | None = None) -> ShardBatches | ShardStream:
+        """This rank's batches for one epoch, from planned batch (of a shard stream: utterance)
+        `start` on: a sized iterable that loads audio as it goes. `weights` (one per rank) size
+        the shards unequally (`jobs.data.shard_batches`, `jobs.shard_stream.plan_shards`)."""
         corpus = self.train
         if not len(corpus):  # this node sees none of what the driver checked
             raise DataError(f"no usable training utterances in {corpus.source} on host {socket.gethostname()}: "
                             f"{corpus.skipped.describe()}")
-        data = self.config.data
-        plan = shard_batches(corpus.durations, data.max_batch_seconds, epoch, self.seed, rank, world_size, weights)
-        workers = corpus.in_workers(default_workers() if data.workers is None else data.workers, data.prefetch_batches)
-        return ShardBatches(corpus, plan, start, data.prefetch_batches, epoch, workers)
+        return corpus.batches(rank, world_size, epoch, self.seed, self.config.data, start, weights)
 
     def loss(self, model: torch.nn.Module, batch: Batch) -> torch.Tensor:
         """Mean per-utterance CTC loss; SpecAugment is applied when the model is in training mode.
@@ -499,6 +450,11 @@ def scheduled_lr(o: OptimConfig, step: int, progress: float) -> float:
         return o.lr * warm
     decay = o.min_lr_ratio + (1 - o.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, max(0.0, progress))))
     return o.lr * warm * decay
+
+
+def _source_key(source: str | Path) -> str | Path:
+    """What names a data source once: a URI as written, a path resolved."""
+    return str(source) if "://" in str(source) else Path(source).resolve()
 
 
 def _on_device(config: WorkloadConfig) -> bool:

@@ -17,11 +17,16 @@ def test_shards_read_back_the_manifests_utterances_texts_and_samples(corpus, tmp
     shards = AudioShards(tmp_path / "shards")
     assert summary["utterances"] == len(utterances) == sum(shards.counts.values()) == 160
     assert summary["shards"] == len(shards.names) > 1  # 0.5 MB each: the corpus spans several
-    read = [u for name in shards.names for u in shards.read(name)]
-    assert [u.id for u in read] == [u.id for u in utterances]
-    assert [(u.text, u.duration) for u in read] == [(u.text, u.duration) for u in utterances]
-    for got, utt in zip(read[::40], utterances[::40], strict=True):
-        assert torch.equal(got.waveform, load_audio(utt.path))
+    by_shard = [list(shards.read(name)) for name in shards.names]
+    for members in by_shard:  # each shard in order of duration: a stream cuts batches of similar lengths
+        assert [u.duration for u in members] == sorted(u.duration for u in members)
+    read = {u.id: u for members in by_shard for u in members}
+    assert sorted(read) == [u.id for u in utterances]  # each utterance once
+    assert [(read[u.id].text, read[u.id].duration) for u in utterances] == [(u.text, u.duration) for u in utterances]
+    for utt in utterances[::40]:
+        assert torch.equal(read[utt.id].waveform, load_audio(utt.path))
+    assert sorted(shards.texts()) == sorted(u.text for u in utterances) and len(shards.texts(limit=7)) == 7
+    assert [u.id for u in shards.read(shards.names[1], skip=2)] == [u.id for u in by_shard[1][2:]]
 
 
 def test_a_location_without_shards_or_that_cannot_be_opened_is_one_line(tmp_path):

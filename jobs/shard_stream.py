@@ -1,0 +1,202 @@
+"""Training from audio shards (`jobs.audio_shards`, at a folder or an `s3://` URI): which shards
+each learner streams in each epoch, and its batches cut as the shards stream in.
+
+Nothing reads the corpus to plan it: an epoch's shards are dealt to the ranks from the index's
+names and counts alone (`plan_shards`), in an order shuffled by (seed, epoch), so that every shard
+is read by exactly one rank per epoch. A learner then streams its shards one after the other,
+each member once, with at most `prefetch` batches decoded ahead of its step: its memory is bounded
+by that, whatever the corpus's size. A shard holds its utterances in order of duration, so cutting
+the stream greedily (utterances x longest within `max_batch_seconds`) gives batches of similar
+lengths.
+
+A stream's `position` counts the planned utterances passed (trained, skipped, or lost with a
+shard), from the epoch's start: a resumed learner passes over that many members without decoding
+them. An utterance too long or unreadable is skipped and counted by `<shard>:<id>`; a shard that
+cannot be opened or read, or that ends before its index's count, is skipped from there on and
+counted by its name.
+"""
+
+from __future__ import annotations
+
+import math
+import socket
+import tarfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+
+from jobs.audio_shards import INDEX, AudioShards, ShardUtterance
+from jobs.augment import Augment, Draws
+from jobs.batch import Batch, padded_batch
+from jobs.data import TOO_LONG, AudioError, DataError, SkipReport
+from jobs.device_features import AudioBatch
+from jobs.features import Fbank
+from jobs.pipeline import Prefetcher
+
+TOKENIZER_SENTENCES = 50_000  # transcripts a BPE tokenizer learns from: a sample, whatever the corpus's size
+UNREADABLE_SHARD = "unreadable shard"
+CUT_SHORT = "shard cut short"
+
+
+def is_shard_source(source) -> bool:
+    """Whether a data source names audio shards: a URI, or a folder with their index."""
+    return "://" in str(source) or (Path(source) / INDEX).is_file()
+
+
+def plan_shards(counts: list[int], epoch: int, seed: int, rank: int, world_size: int,
+                weights: list[float] | None = None) -> list[int]:
+    """The indices of the shards rank `rank` streams in `epoch`, in the order it reads them.
+
+    The shards, in an order shuffled by (seed, epoch), go one by one to the rank with the fewest
+    utterances for its share (`weights`: one per rank; none: equal shares; a rank of weight 0 gets
+    none), so over the ranks each shard is read exactly once. Depends only on (counts, seed, epoch,
+    world_size, weights), so the world size may change between epochs."""
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is outside world size {world_size}")
+    share = np.full(world_size, 1.0 / world_size) if weights is None else _shares(weights, world_size)
+    load, mine = np.zeros(world_size), []
+    for i in np.random.default_rng([seed, epoch]).permutation(len(counts)).tolist():
+        r = int(np.argmin(np.where(share > 0, (load + counts[i]) / np.where(share > 0, share, 1.0), np.inf)))
+        load[r] += counts[i]
+        if r == rank:
+            mine.append(i)
+    return mine
+
+
+def _shares(weights: list[float], world_size: int) -> np.ndarray:
+    w = np.asarray(weights, dtype=np.float64)
+    if len(w) != world_size or not np.all(w >= 0) or not w.sum() > 0:
+        raise ValueError(f"weights must be {world_size} numbers >= 0, not all 0, got {list(weights)}")
+    return w / w.sum()
+
+
+class StreamCorpus:
+    """A training corpus of audio shards: its size and transcripts from the index and `texts.txt`,
+    its batches streamed (`batches`). Utterance `i` of the corpus (for augmentation's draws) is
+    the i-th member over the shards in the index's order. `tokenizer` is asked for the tokenizer
+    when a batch is made; with `on_device`, batches carry the waveforms and augmentation draws
+    for the learner's device to compute their features."""
+
+    def __init__(self, source, fbank: Fbank, tokenizer: Callable, max_seconds: float = math.inf,
+                 augment: Augment | None = None, on_device: bool = False):
+        self.source, self.shards = str(source), AudioShards(source)
+        self.fbank, self.tokenizer, self.max_seconds = fbank, tokenizer, max_seconds
+        self.augment = augment if augment is not None and augment.enabled else None
+        self.on_device = on_device
+        self.counts = [self.shards.counts[name] for name in self.shards.names]
+        self.first = np.concatenate([[0], np.cumsum(self.counts)]).astype(int).tolist()  # each shard's first utterance
+        self.skipped, self._skipped_keys = SkipReport(), set()
+
+    def __len__(self) -> int:
+        return self.shards.utterances
+
+    def skip(self, where: str, reason: str, key: str) -> None:
+        """Count a skip once, however many epochs come across it again."""
+        if key not in self._skipped_keys:
+            self._skipped_keys.add(key)
+            self.skipped.skip(where, reason, key)
+
+    def texts(self) -> list[str]:
+        """Transcripts to learn units from: a sample of at most TOKENIZER_SENTENCES."""
+        return self.shards.texts(TOKENIZER_SENTENCES)
+
+    def batches(self, rank: int, world_size: int, epoch: int, seed: int, data, start: int = 0,
+                weights: list[float] | None = None) -> ShardStream:
+        """Rank `rank`'s stream of batches of `epoch` (`data`: the spec's data section), from
+        planned utterance `start` on."""
+        plan = plan_shards(self.counts, epoch, seed, rank, world_size, weights)
+        return ShardStream(self, plan, epoch, data.max_batch_seconds, start, data.prefetch_batches)
+
+    def collate(self, items: list[tuple[int, ShardUtterance]], epoch: int, shard: str) -> Batch | None:
+        """A batch of a shard's utterances (corpus number, utterance) for `epoch`, augmented; an
+        unreadable one is skipped and counted as `<shard>:<id>`."""
+        feats, waveforms, draws, kept = [], [], [], []
+        for i, utt in items:
+            try:
+                waveform = utt.waveform
+            except AudioError as exc:
+                self.skip(f"{utt.id} in {self.source}/{shard} ({exc.detail})", exc.reason, f"{shard}:{utt.id}")
+                continue
+            kept.append(utt)
+            if self.on_device:
+                waveforms.append(waveform)
+                draws.append(self.augment.draws(epoch, i, len(waveform)) if self.augment else Draws())
+            elif self.augment is not None:
+                feats.append(self.fbank(self.augment(waveform, epoch, i), warp=self.augment.warp(epoch, i)))
+            else:
+                feats.append(self.fbank(waveform))
+        audio = AudioBatch.of(waveforms, draws) if self.on_device and kept else None
+        return padded_batch(feats, [u.text for u in kept], [u.id for u in kept], self.tokenizer(), audio)
+
+
+class ShardStream:
+    """One learner's batches of one epoch, streamed from its planned shards (`shards`: indices
+    into the corpus's), from planned utterance `start` on. `len()` is the planned utterances (from
+    the index); `position` the planned utterances passed by the batches handed out so far, counted
+    from the epoch's start. With `prefetch` > 0 that many batches are prepared ahead in a
+    background thread; `position` still counts only those handed out."""
+
+    def __init__(self, corpus: StreamCorpus, shards: list[int], epoch: int, max_batch_seconds: float,
+                 start: int = 0, prefetch: int = 0):
+        self.corpus, self.shards, self.epoch, self.budget = corpus, shards, epoch, max_batch_seconds
+        self.position, self.prefetch = start, prefetch
+
+    def __len__(self) -> int:
+        return sum(self.corpus.counts[i] for i in self.shards)
+
+    def __iter__(self) -> Iterator[Batch]:
+        whole_epoch, trained = self.position == 0, False
+        prepared = Prefetcher(self._prepared(), self.prefetch) if self.prefetch else self._prepared()
+        try:
+            for position, batch in prepared:
+                self.position = position
+                if batch is not None:
+                    trained = True
+                    yield batch
+        finally:
+            if isinstance(prepared, Prefetcher):
+                prepared.close()
+        if whole_epoch and len(self) and not trained:  # training on nothing, silently, is no training
+            raise DataError(f"none of the {len(self)} utterances of this learner's shards of {self.corpus.source} "
+                            f"could be read on host {socket.gethostname()} ({self.corpus.skipped.describe()})")
+
+    def _prepared(self) -> Iterator[tuple[int, Batch | None]]:
+        """(position after it, batch) for each batch from `position` on, shard after shard."""
+        passed = 0  # planned utterances before the current shard
+        for i in self.shards:
+            count = self.corpus.counts[i]
+            if self.position < passed + count:
+                for end, items in self._cut(i, max(0, self.position - passed)):
+                    yield passed + end, self.corpus.collate(items, self.epoch, self.corpus.shards.names[i])
+            passed += count
+
+    def _cut(self, i: int, skip: int) -> Iterator[tuple[int, list[tuple[int, ShardUtterance]]]]:
+        """Shard `i`'s batches from its member `skip` on, as (members passed after it, the batch's
+        (corpus number, utterance) pairs); the last one passes the whole shard, however it ended."""
+        corpus, name, count = self.corpus, self.corpus.shards.names[i], self.corpus.counts[i]
+        batch, longest, n = [], 0.0, skip
+        try:
+            for utt in corpus.shards.read(name, skip):
+                if batch and (len(batch) + 1) * max(longest, utt.duration) > self.budget:
+                    yield n, batch
+                    batch, longest = [], 0.0
+                n += 1
+                if utt.duration > corpus.max_seconds:
+                    corpus.skip(f"{utt.id} in {corpus.source}/{name} ({utt.duration:.0f} s > "
+                                        f"{corpus.max_seconds:g} s)", TOO_LONG, f"{name}:{utt.id}")
+                    continue
+                batch.append((corpus.first[i] + n - 1, utt))
+                longest = max(longest, utt.duration)
+        except (OSError, tarfile.TarError, EOFError, ValueError) as exc:
+            corpus.skip(f"{corpus.source}/{name} from utterance {n} of {count} ({_first_line(exc)})",
+                                UNREADABLE_SHARD, name)
+        else:
+            if n < count:
+                corpus.skip(f"{corpus.source}/{name} (it ends after {n} of {count} utterances)",
+                                    CUT_SHORT, name)
+        yield count, batch
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).splitlines() or [type(exc).__name__])[0]
