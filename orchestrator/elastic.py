@@ -160,13 +160,22 @@ class Elastic:
     def retire_leaving(self, running: set[int], handover) -> None:
         """Every learner that must leave and is between chunks leaves cleanly: `handover(slot)`
         first passes its weights on where its group needs that (gossip: one last average with its
-        ring neighbour); the collectives re-form without it. Its slot is asked for again (Ray
-        places no new one on a draining node)."""
+        ring neighbour), and the rest of its part of the epoch's data goes to the planner, for the
+        first learner done with its own part to take over; the collectives re-form without it.
+        Its slot is asked for again (Ray places no new one on a draining node)."""
         for slot in [s for s in self.roster.live.values() if s.leaving and s.id not in running]:
             kept_by = handover(slot)
-            self.roster.retire(slot.id, kept_by)
+            data_left = slot.stats.get("left") if self._hand_over_data(slot) else 0
+            self.roster.retire(slot.id, kept_by, data_left)
             self.capacity.free(slot.slot, slot.handle)
             self._ask()
+
+    def _hand_over_data(self, slot) -> bool:
+        """The planner keeps what a leaving learner had not read of its epoch (its last counters say
+        where it was); returns whether anything was left."""
+        if self.service is None or "epoch" not in slot.stats:
+            return False
+        return bool(self.runtime.get(self.runtime.submit(self.service, "hand_over", slot.id, slot.stats)))
 
     def close_and_release(self) -> None:
         """Let the live learners leave their group (for at most CLOSE_TIMEOUT_S: a stuck one is

@@ -21,6 +21,7 @@ import ray
 import torch
 
 from orchestrator import flat_state
+from orchestrator.data_cursor import DataCursor
 from orchestrator.memory_fit import MemoryFit
 from orchestrator.runtime import call
 from orchestrator.state_store import StateStore
@@ -141,15 +142,13 @@ class Learner(ReplicaWeights):
         self.node_address: str | None = None  # its node's address, which its groups bind to (None: this process only)
         self.learner_id, self.planner = learner_id, planner
         self.lock, self.counter_lock = threading.Lock(), threading.Lock()  # weights; counters its links add to
-        self.step = self.samples = self.epoch = self.averages = 0
+        self.step = self.samples = self.averages = 0
         self.failed_exchanges = self.busy_steps = 0  # gossip: exchanges lost; steps that started none (links busy)
         self.sent_bytes = 0  # what its group sent between hosts (collectives: by their algorithm's count)
         self.progress = 0.0  # fraction of the job's budget spent, set by the driver
         self.lr_scale = 1.0  # times the scheduled learning rate; halved by each rollback, kept in the state
         self._nan_at: int | None = None  # simulate.nan_loss_at_step (tests only)
-        self._shard = self._batches = None  # this epoch's ShardBatches and its iterator
-        self.position = 0  # planned batches of this epoch that recorded steps have used
-        self._drawn = 0  # position after the batch handed out last
+        self.data = DataCursor(self.workload, planner, learner_id)  # its epoch, part and position in it
         self._slowdown = 1.0
         self.memory_fit = MemoryFit(learner_id)  # batches split or skipped on CUDA out-of-memory
         self.comm_s = 0.0  # communication seconds, added to by the group
@@ -164,21 +163,18 @@ class Learner(ReplicaWeights):
         self._reset_chunk()
 
     # -- data ---------------------------------------------------------------------------------
+    @property
+    def epoch(self) -> int:
+        return self.data.epoch
+
+    @epoch.setter
+    def epoch(self, epoch: int) -> None:
+        self.data.move_to(epoch)
+
     def next_batch(self):
-        """The next batch of this epoch's shard, or None when the shard is used up (or this learner
-        has none this epoch: it joined after the epoch's split was fixed)."""
-        if self._shard is None:
-            assignment = call(self.planner, "assignment", self.learner_id, self.epoch)
-            if assignment is None:
-                self._batches, self._shard = None, iter(())
-            else:
-                rank, world_size, weights = assignment
-                self._batches = self.workload.batches(rank, world_size, self.epoch, start=self.position,
-                                                      weights=weights)
-                self._shard = iter(self._batches)
-        batch = next(self._shard, None)
-        self._drawn = self._batches.position if self._batches is not None else 0
-        return batch
+        """The next batch of this epoch (its own part, then remainders left by learners that
+        left), or None when there is none left (`DataCursor`)."""
+        return self.data.next_batch()
 
     def wants_to_stop(self) -> bool:
         """Whether this learner would end its chunk after the step in flight (its time is up, or it
@@ -186,15 +182,15 @@ class Learner(ReplicaWeights):
         return self.leaving is not None or (self.stop_at is not None and time.time() >= self.stop_at)
 
     def batches_left(self) -> int:
-        """Planned batches of this epoch's shard not handed out yet."""
-        return len(self._batches) - self._drawn if self._batches is not None else 0
+        """Planned batches of this epoch not handed out yet (a waiting remainder taken over first)."""
+        return self.data.left()
 
     def set_counters(self, step: int, epoch: int) -> None:
         """Take a group's step and epoch; a different epoch starts at its beginning."""
         with self.lock:
             self.step = step
             if epoch != self.epoch:
-                self.epoch, self.position, self._shard = epoch, 0, None
+                self.data.move_to(epoch)
 
     def start_next_epoch(self, move_on: bool = False) -> None:
         """The next epoch. With `move_on` (a free-running learner: its epochs are its own), one
@@ -203,11 +199,11 @@ class Learner(ReplicaWeights):
         planner does not count it as a member yet (the driver's new members are on their way),
         it stays where it is and asks again at its next step."""
         epoch = self.epoch + 1
-        if move_on and self._batches is None:
+        if move_on and not self.data.had_part():
             first = call(self.planner, "first_epoch_with", self.learner_id, self.epoch)
             epoch = self.epoch if first is None else max(epoch, first)
         with self.lock:
-            self.epoch, self.position, self._shard = epoch, 0, None
+            self.data.move_to(epoch)
 
     # -- compute ------------------------------------------------------------------------------
     def forward_backward(self, batch) -> float:
@@ -234,7 +230,7 @@ class Learner(ReplicaWeights):
                 self.nonfinite_at = self.step
             self.step += 1
             self.samples += samples
-            self.position = self._drawn
+            self.data.commit()
         if self.first_step_at is None:
             self.first_step_at = time.time()
         self.chunk_samples += samples
@@ -267,7 +263,7 @@ class Learner(ReplicaWeights):
 
     # -- state --------------------------------------------------------------------------------
     def counters(self) -> dict:
-        return {"step": self.step, "samples": self.samples, "epoch": self.epoch, "position": self.position,
+        return {"step": self.step, "samples": self.samples, **self.data.state(),
                 "averages": self.averages, "failed_exchanges": self.failed_exchanges, "busy_steps": self.busy_steps,
                 "lr_scale": self.lr_scale, "sent_bytes": self.sent_bytes, "oom_splits": self.memory_fit.splits,
                 "oom_skipped": self.memory_fit.skipped}
@@ -285,13 +281,12 @@ class Learner(ReplicaWeights):
             self.workload.load_state_dict(state, self.model, self.optimizer)
             self.version += 1
             c = state["counters"]
-            self.step, self.epoch = c["step"], c["epoch"]
+            self.step = c["step"]
+            self.data.load(c, adopt)  # a resumed learner carries on inside the epoch where the checkpoint was
             self.lr_scale = c.get("lr_scale", 1.0)  # a newcomer adopts the group's rate too
             if not adopt:
                 self.samples, self.averages = c["samples"], c.get("averages", 0)
                 self.sent_bytes = c.get("sent_bytes", 0)
-                self.position = c.get("position", 0)  # carry on inside the epoch where the checkpoint was
-            self._shard = None
 
     def take_stats(self) -> dict:
         """Counters, plus this chunk's (since the last call) mean loss, samples, per-step wall

@@ -143,14 +143,18 @@ class Roster:
                          learner=learner_id, learners=len(self.live))
         return slot
 
-    def retire(self, learner_id: int, kept_by: int | None) -> LearnerSlot:
-        """A learner that had to leave (drain, SIGTERM) left cleanly; `kept_by` holds its last average."""
+    def retire(self, learner_id: int, kept_by: int | None, data_left: int | None = 0) -> LearnerSlot:
+        """A learner that had to leave (drain, SIGTERM) left cleanly; `kept_by` holds its last
+        average; `data_left` planned units of its epoch's part went to the planner (None: how many
+        is not known yet: it never opened its part), for another learner to take over."""
         slot = self._remove(learner_id)
         self.changes.append(("drain", slot.id, time.time()))
+        handed = "" if data_left == 0 else "; what it had not read of its epoch's data goes to another learner" + (
+            f" ({data_left} planned units)" if data_left else "")
         self.events.emit("drain", f"learner {slot.id} left the group: {slot.leaving}"
-                         + (f"; its last average is kept by learner {kept_by}" if kept_by is not None else ""),
+                         + (f"; its last average is kept by learner {kept_by}" if kept_by is not None else "") + handed,
                          learner=slot.id, node=slot.node, reason=slot.leaving, kept_by=kept_by,
-                         step=slot.stats.get("step"), learners=len(self.live))
+                         data_left=data_left, step=slot.stats.get("step"), learners=len(self.live))
         return slot
 
     def _remove(self, learner_id: int) -> LearnerSlot | None:

@@ -1,5 +1,6 @@
 """ShardPlanner: which shard of the training data each learner trains on in each epoch, while
 the job's membership changes. The driver sets the members; learners ask at every epoch start.
+What a learner leaving mid-epoch had not read yet waits here for another to take it over.
 """
 
 from __future__ import annotations
@@ -12,12 +13,17 @@ class ShardPlanner:
     is fixed the first time any learner asks for that epoch, so learners that reach an epoch at
     different times split it the same way. A learner not in an epoch's split (it joined later)
     gets None for that epoch.
+
+    `remainders` are the unread rests of parts whose learners left mid-epoch, each
+    [epoch, rank, world_size, weights, position]: the first learner done with its own part of that
+    epoch (or a later one) takes the oldest over (`adopt`).
     """
 
     def __init__(self, members: list[int] = (), weights: list[float] | None = None,
                  frozen: dict[int, tuple[list[int], list[float] | None]] | None = None):
         self.members, self.weights = list(members), (list(weights) if weights else None)
         self.frozen = dict(frozen or {})
+        self.remainders: list[list] = []
 
     def set_members(self, members: list[int], weights: list[float] | None = None) -> int:
         """Members from the next epoch nobody has started; returns that epoch."""
@@ -48,6 +54,29 @@ class ShardPlanner:
             return None
         return max(epoch, max(self.frozen, default=-1) + 1)  # the next epoch nobody has started
 
+    def hand_over(self, learner_id: int, cursor: dict) -> bool:
+        """A learner left; `cursor` is its place in the data (`DataCursor.state`): the rest of the
+        part it was reading waits for another learner. Returns whether anything was left."""
+        if cursor.get("left") == 0:
+            return False
+        if cursor.get("part") is not None:
+            epoch, rank, world_size, weights = cursor["part"]
+        elif cursor["epoch"] in self.frozen and learner_id in self.frozen[cursor["epoch"]][0]:
+            epoch, (members, weights) = cursor["epoch"], self.frozen[cursor["epoch"]]
+            rank, world_size = members.index(learner_id), len(members)
+        else:
+            return False  # it had no part of its epoch
+        self.remainders.append([epoch, rank, world_size, weights, cursor["position"]])
+        return True
+
+    def adopt(self, learner_id: int, epoch: int) -> list | None:
+        """The oldest remainder of `epoch` or an earlier one, now `learner_id`'s to read; None if none."""
+        del learner_id  # any learner may take any remainder
+        for k, remainder in enumerate(self.remainders):
+            if remainder[0] <= epoch:
+                return self.remainders.pop(k)
+        return None
+
     def state(self, from_epoch: int = 0) -> dict:
         """What `load` takes: the members, and the splits of the epochs from `from_epoch` on (a
         checkpoint's: the earliest epoch its learners are in; no learner asks for an earlier one
@@ -61,11 +90,12 @@ class ShardPlanner:
                 runs[-1][1] = epoch
             else:
                 runs.append([epoch, epoch, members, weights])
-        return {"members": self.members, "weights": self.weights, "splits": runs}
+        return {"members": self.members, "weights": self.weights, "splits": runs, "remainders": self.remainders}
 
     def load(self, state: dict) -> None:
         """A `state()`; or a checkpoint's from before 2026-11-25, with every epoch's split under `frozen`."""
         self.members, self.weights = list(state["members"]), state["weights"]
+        self.remainders = [list(r) for r in state.get("remainders", [])]
         if "splits" in state:
             self.frozen = {e: (list(members), weights) for first, last, members, weights in state["splits"]
                            for e in range(first, last + 1)}

@@ -483,3 +483,28 @@ def test_a_learner_sent_sigterm_leaves_gracefully(chaos_cluster, tmp_path):
     _wait_for("a replacement joining", lambda: len(_events(job, "join")) == 3, thread, timeout=90)
     summary = stop_job(job, thread)
     assert summary["events"].get("failure", 0) == 0, summary["events"]
+
+
+@pytest.mark.ray
+def test_a_learner_leaving_mid_epoch_hands_over_what_it_had_not_read(ray_session, tmp_path):
+    """SIGTERM to one of 3 allreduce learners on an epoch budget: it leaves at its step's end, the
+    rest of its part of the epoch goes to the planner, a learner done with its own part reads it,
+    and the job trains every sample exactly once an epoch (6 epochs of 4,800) however the
+    membership changed."""
+    import os
+    import signal
+
+    data = {**LINEAR["data"], "samples": 4800, "compute_seconds": 0.02}
+    spec = parse_spec({"name": "handover", "learners": {"min": 2, "max": 3}, "group": {"kind": "allreduce",
+                       "balance": False}, **LINEAR, "data": data, "budget": {"epochs": 6}})
+    job = TrainingJob(spec, tmp_path)
+    thread = run_in_thread(job)
+    _wait_for("3 learners and an evaluation", lambda: len(_events(job, "join")) == 3 and job.evals, thread)
+    os.kill(_events(job, "join")[0]["pid"], signal.SIGTERM)
+    drain = _wait_for("the learner to leave", lambda: _events(job, "drain"), thread, timeout=60)[0]
+    thread.join(timeout=180)
+    assert not thread.is_alive() and "error" not in thread.outcome, thread.outcome.get("error")
+    summary = thread.outcome["summary"]
+    assert summary["samples"] == 6 * 4800, (summary["samples"], drain)
+    assert summary["events"].get("failure", 0) == 0 and drain["reason"] == "SIGTERM"
+    assert_nothing_left("handover-", within=30.0)

@@ -104,6 +104,8 @@ def test_chorus_shards_writes_a_corpus_to_s3_and_it_streams_back_from_the_index(
 
     from jobs.audio_shards import AudioShards
     from jobs.data import DataError
+    from jobs.sections import WorkloadConfig
+    from jobs.workload import AsrWorkload
     from orchestrator.cli import main
 
     made = CliRunner().invoke(main, ["shards", str(corpus / "dev.jsonl"), "--out", uri(s3, "shards/dev"),
@@ -111,10 +113,16 @@ def test_chorus_shards_writes_a_corpus_to_s3_and_it_streams_back_from_the_index(
     assert made.exit_code == 0, made.output
     assert json.loads(made.output)["utterances"] == 20
     stored = listed(s3, "shards/dev/")
-    assert "shards.json" in stored and len(stored) == 1 + json.loads(made.output)["shards"] > 2
+    assert {"shards.json", "texts.txt"} <= set(stored) and len(stored) == 2 + json.loads(made.output)["shards"] > 3
     shards = AudioShards(uri(s3, "shards/dev"))
     read = [u for name in shards.names for u in shards.read(name)]
     assert len(read) == 20 and all(u.waveform.numel() > 1000 and u.text for u in read)
+    streamed = AsrWorkload(WorkloadConfig(data={"train": uri(s3, "shards/dev"), "max_batch_seconds": 10}))
+    streamed.check_data()  # the index and a sample of the texts, from the bucket
+    ids = [i for rank in range(2) for batch in streamed.batches(rank, 2, 0) for i in batch.ids]
+    assert sorted(ids) == sorted(u.id for u in read)  # two learners streaming from S3: each utterance once
+    with pytest.raises(DataError, match=r"^s3://chorus/shards/nothing: no shards.json there"):
+        AsrWorkload(WorkloadConfig(data={"train": uri(s3, "shards/nothing")})).check_data()
     missing = CliRunner().invoke(main, ["shards", str(corpus / "dev.jsonl"), "--out", "nosuch://x/y"])
     assert missing.exit_code == 1 and missing.output.startswith("Error: nosuch://x/y: cannot open it")
     with pytest.raises(DataError, match="s3://chorus/shards/none: no shards.json there"):
