@@ -29,13 +29,15 @@ demo: $(STAMP) $(DEMO_DATA)/corpus.json
 	  $$(test -f $(DEMO_DATA)/test-unseen-engine.jsonl && echo --set data.test_unseen_engine=$(DEMO_DATA)/test-unseen-engine.jsonl)
 
 # Debian's Festival and its English voices, the corpus's second speech engine (`chorus synth` makes an
-# espeak-ng-only corpus without them, saying so)
+# espeak-ng-only corpus without them, saying so), and fortunes, the openvocab task's sentences
 FESTIVAL_PACKAGES := festival festvox-kallpc16k festvox-kdlpc16k festvox-us-slt-hts
 APT_INSTALL = SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo -n); ($$SUDO apt-get update -qq && \
 	DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq
 speech-deps:
 	@test -d /usr/share/festival/voices/us/cmu_us_slt_arctic_hts || { $(APT_INSTALL) $(FESTIVAL_PACKAGES)) \
 	    >/dev/null 2>&1 || echo "make: could not install Debian's Festival; corpora will be espeak-ng only"; }
+	@test -d /usr/share/games/fortunes || { $(APT_INSTALL) fortunes) \
+	    >/dev/null 2>&1 || echo "make: could not install Debian's fortunes; no openvocab corpus (chorus synth --task)"; }
 
 # Debian's prometheus, for the test that runs the Grafana dashboard's queries, and Festival, for the
 # synthesizer's tests of it (each test is skipped, saying why, when its package cannot be installed)

@@ -1,6 +1,9 @@
 """Offline multi-voice, multi-engine speech corpus for tests, demos and benchmarks.
 
-Speaks random 2-6-word sentences over a fixed 38-word command vocabulary with two engines:
+Speaks one of two tasks: `commands`, random 2-6-word sentences over a fixed 38-word command
+vocabulary, or `openvocab`, sentences of real English from Debian's `fortunes` quotations
+(`jobs/open_text.py`: an open vocabulary, numbers spelled out, a share of test words never in
+training text), as many as `--hours` of training speech asks. Two engines speak:
 espeak-ng (formant synthesis), loaded through ctypes from the `espeakng-loader` wheel, and, where
 Debian's `festival` and its English voices are installed (`make test-deps`), Festival: two diphone
 voices in training and its HTS voice (statistical parametric synthesis) kept for its own split.
@@ -35,6 +38,9 @@ import soundfile as sf
 import torch
 import torchaudio
 from tqdm import tqdm
+
+from jobs import open_text
+from jobs.open_text import TextSplit
 
 VOCABULARY = (
     "zero one two three four five six seven eight nine yes no up down left right on off stop go "
@@ -202,15 +208,21 @@ class UtterancePlan:
         return f"{self.split}/{self.speaker}/{self.chapter}/{self.utt_id}.flac"
 
 
-def plan_corpus(utterances: int, eval_utterances: int, seed: int, festival: bool = False) -> list[UtterancePlan]:
+def plan_corpus(utterances: int, eval_utterances: int, seed: int, festival: bool = False,
+                text: TextSplit | None = None) -> list[UtterancePlan]:
     """Every utterance's split, voice and sentence, from the seed (and whether Festival speaks)
     alone. Sentences of the evaluation splits never occur in train. Without Festival there is no
-    `test-unseen-engine` split, and the plan is the one espeak-ng alone always had."""
+    `test-unseen-engine` split, and the plan is the one espeak-ng alone always had. With `text`
+    (the `openvocab` task) the sentences are its own: train's in an order shuffled by the seed,
+    again in a new order when there are more utterances than sentences (each time another voice
+    and prosody), dev's and test's in order (every test-like split speaks the test sentences)."""
     rng = np.random.default_rng(seed)
     seen: set[str] = set()
 
-    def sentences(n: int, fresh: bool) -> list[str]:
-        out = []
+    def sentences(split: str, n: int) -> list[str]:
+        if text is not None:
+            return _open_sentences(text, split if split in {"train", "dev"} else "test", n, rng)
+        fresh, out = split != "train", []
         while len(out) < n:
             s = " ".join(rng.choice(VOCABULARY, size=int(rng.integers(2, 7))))
             if fresh and s in seen:
@@ -230,7 +242,7 @@ def plan_corpus(utterances: int, eval_utterances: int, seed: int, festival: bool
         voices = voices_of.get(split, train_voices)
         first_speaker = first_speakers.get(split, 1000)
         per_speaker: dict[int, int] = {}
-        for text in sentences(counts[split], fresh=split != "train"):
+        for sentence in sentences(split, counts[split]):
             if festival and voices is train_voices:  # FESTIVAL_SHARE of these utterances are Festival's
                 pick = rng.random() < FESTIVAL_SHARE
                 v = (len(TRAIN_VOICES) + int(rng.integers(len(FESTIVAL_TRAIN_VOICES))) if pick
@@ -240,8 +252,20 @@ def plan_corpus(utterances: int, eval_utterances: int, seed: int, festival: bool
             speaker = first_speaker + v
             per_speaker[speaker] = per_speaker.get(speaker, 0) + 1
             plans.append(UtterancePlan(split, speaker, 10 * (split_no + 1), per_speaker[speaker] - 1,
-                                       voices[v], text, int(rng.integers(2**31))))
+                                       voices[v], sentence, int(rng.integers(2**31))))
     return plans
+
+
+def _open_sentences(text: TextSplit, split: str, n: int, rng: np.random.Generator) -> list[str]:
+    """`n` sentences of `text`'s `split`: train's shuffled, round after round; dev's and test's
+    the first `n` (an error if it has fewer)."""
+    pool = getattr(text, split)
+    if split != "train":
+        if n > len(pool):
+            raise SynthError(f"{split}: {n} utterances asked, the text has {len(pool)} {split} sentences")
+        return pool[:n]
+    rounds = [pool[i] for _ in range(-(-n // len(pool))) for i in rng.permutation(len(pool))]
+    return rounds[:n]
 
 
 def _prosody(plan: UtterancePlan) -> tuple[np.random.Generator, int, int]:
@@ -349,9 +373,13 @@ def _pool_context():
 
 
 def synthesize(out: str | Path, utterances: int = 2000, eval_utterances: int | None = None,
-               seed: int = 0, workers: int | None = None, progress: bool = True, engines: str = "auto") -> dict:
+               seed: int = 0, workers: int | None = None, progress: bool = True, engines: str = "auto",
+               task: str = "commands", hours: float | None = None, oov_share: float = 0.02) -> dict:
     """Write the corpus under `out`; returns a summary (counts and hours per split, engines,
-    voices). `engines`: see `use_festival`.
+    voices; for `openvocab`, the test's out-of-vocabulary rate). `engines`: see `use_festival`.
+    `task`: `commands` or `openvocab` (`jobs/open_text.py`; `oov_share` of its test words held
+    out of training text); `hours`: as many training utterances as make about that much speech
+    (instead of `utterances`).
 
     Example:
         >>> summary = synthesize("/tmp/corpus", utterances=40, eval_utterances=8, seed=1, progress=False)
@@ -359,9 +387,15 @@ def synthesize(out: str | Path, utterances: int = 2000, eval_utterances: int | N
         40
     """
     out = Path(out)
-    eval_utterances = eval_utterances if eval_utterances is not None else max(20, utterances // 10)
+    if task not in TASKS:
+        raise SynthError(f"task: expected one of {', '.join(TASKS)}, got {task!r}")
+    text = _open_text(eval_utterances or OPEN_EVAL_UTTERANCES, seed, oov_share) if task == "openvocab" else None
+    if hours is not None:
+        utterances = utterances_for_hours(hours, text)
+    eval_utterances = eval_utterances if eval_utterances is not None else (
+        OPEN_EVAL_UTTERANCES if text is not None else max(20, utterances // 10))
     festival = use_festival(engines)
-    plans = plan_corpus(utterances, eval_utterances, seed, festival)
+    plans = plan_corpus(utterances, eval_utterances, seed, festival, text)
     check_voices(sorted({p.voice for p in plans}))
     out.mkdir(parents=True, exist_ok=True)
     workers = workers or min(mp.cpu_count(), 8)
@@ -372,7 +406,32 @@ def synthesize(out: str | Path, utterances: int = 2000, eval_utterances: int | N
         for written in pool.imap_unordered(_write_chunk, jobs):
             durations.update(written)
             bar.update(len(written))
-    return _write_indexes(out, plans, durations, seed)
+    summary = _write_indexes(out, plans, durations, seed)
+    if text is not None:
+        summary |= {"task": task, "oov_rate_test": round(text.oov_rate(), 4), "held_out_words": len(text.held_out),
+                    "train_sentences": len(text.train)}
+        (out / "corpus.json").write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n")
+    return summary
+
+
+TASKS = ("commands", "openvocab")
+OPEN_EVAL_UTTERANCES = 400  # sentences in dev and in test of the openvocab task (each test-like split speaks test's)
+SECONDS_PER_WORD = 0.30  # spoken, with engines and rates as drawn (openvocab, seed 0: 200 utterances, 0.198 h)
+PAD_SECONDS = 0.35  # the mean of `render`'s silences, both ends
+
+
+def _open_text(eval_sentences: int, seed: int, oov_share: float) -> TextSplit:
+    try:
+        return open_text.split_sentences(open_text.sentences(), eval_sentences, seed, oov_share)
+    except FileNotFoundError as exc:
+        raise SynthError(str(exc)) from None
+
+
+def utterances_for_hours(hours: float, text: TextSplit | None) -> int:
+    """Training utterances that make about `hours` of speech: sentences' mean words (the
+    commands' 4 on average) at the middle speaking rate, plus the silences."""
+    words = np.mean([len(s.split()) for s in text.train]) if text is not None else 4.0
+    return max(1, round(hours * 3600 / (words * SECONDS_PER_WORD + PAD_SECONDS)))
 
 
 def _write_indexes(out: Path, plans: list[UtterancePlan], durations: dict[str, float], seed: int) -> dict:

@@ -80,14 +80,20 @@ def main():
 @click.option("--workers", type=int, default=None, help="Processes [default: CPU count].")
 @click.option("--engines", type=click.Choice(["auto", "espeak", "espeak,festival"]), default="auto", show_default=True,
               help="Speech engines: auto adds Festival (and test-unseen-engine) when its voices are installed.")
-def synth(out, utterances, eval_utterances, seed, workers, engines):
+@click.option("--task", type=click.Choice(["commands", "openvocab"]), default="commands", show_default=True,
+              help="commands: a 38-word vocabulary; openvocab: real English sentences (Debian's fortunes).")
+@click.option("--hours", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="About this much training speech, instead of --utterances.")
+@click.option("--oov-share", type=click.FloatRange(0, 0.5), default=0.02, show_default=True,
+              help="openvocab: share of test words held out of training text.")
+def synth(out, utterances, eval_utterances, seed, workers, engines, task, hours, oov_share):
     """Synthesize an offline multi-voice, multi-engine speech corpus into OUT."""
     from orchestrator.workload import workload_part
 
     synthesize = workload_part("asr", "synthesize")
     try:
         summary = synthesize(out, utterances=utterances, eval_utterances=eval_utterances, seed=seed, workers=workers,
-                             engines=engines)
+                             engines=engines, task=task, hours=hours, oov_share=oov_share)
     except workload_part("asr", "synth_error") as exc:  # a voice or an engine is missing
         raise click.ClickException(str(exc)) from None
     click.echo(strict_json.dumps(summary))

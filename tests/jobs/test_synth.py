@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
+from jobs.open_text import FORTUNES, sentences, spell_out, split_sentences
 from jobs.synth import (
     FESTIVAL_TRAIN_VOICES,
     SPLITS,
@@ -155,3 +156,40 @@ def test_festival_corpus_is_reproducible_and_its_engine_split_is_sound(tmp_path)
         assert (info.samplerate, info.channels) == (16000, 1) and abs(info.frames / 16000 - row["duration"]) < 1e-3
         wav, _ = sf.read(str(tmp_path / "a" / row["audio_filepath"]))
         assert 0.5 < len(wav) / 16000 < 10 and np.abs(wav).max() > 0.1
+
+
+needs_fortunes = pytest.mark.skipif(not FORTUNES.is_dir(), reason=f"no {FORTUNES} (apt-get install fortunes)")
+
+
+def test_numbers_and_symbols_are_spelled_out_as_read():
+    assert spell_out("In 1984, 3 of 12 cats ate 2.5% more on the 21st.") == (
+        "in nineteen eighty four three of twelve cats ate two point five percent more on the twenty first")
+    assert spell_out("$1,000,000 & 2 cents -- in 1905, don't 'quote' me; the 103rd") == (
+        "one million dollars and two cents in nineteen oh five don't quote me the one hundred third")
+    assert spell_out("Ünïcödé café +7") == "unicode cafe plus seven"
+
+
+@needs_fortunes
+def test_openvocab_text_keeps_eval_sentences_and_held_out_words_out_of_training():
+    text = split_sentences(sentences(), 300, seed=4, oov_share=0.03)
+    train = set(text.train)
+    assert not train & set(text.dev) and not train & set(text.test) and not set(text.dev) & set(text.test)
+    train_words = {w for s in text.train for w in s.split()}
+    assert text.held_out and not text.held_out & train_words
+    assert all(set(s) <= set(" 'abcdefghijklmnopqrstuvwxyz") for s in text.train[:2000])
+    held = sum(w in text.held_out for s in text.test for w in s.split()) / sum(len(s.split()) for s in text.test)
+    assert 0.03 <= held < 0.05 and text.oov_rate() >= held  # natural OOVs add to the held-out ones
+    assert len(train_words) > 10_000  # an open vocabulary
+    assert split_sentences(sentences(), 300, seed=4, oov_share=0.03) == text
+
+
+@needs_fortunes
+def test_an_openvocab_corpus_reports_its_oov_rate_and_speaks_test_sentences_only_outside_training(tmp_path):
+    summary = synthesize(tmp_path / "ov", eval_utterances=6, seed=2, progress=False, task="openvocab", hours=0.03)
+    assert summary["task"] == "openvocab" and 0 < summary["oov_rate_test"] < 0.5
+    assert 0.75 * 0.03 <= summary["splits"]["train"]["hours"] <= 1.25 * 0.03  # about the hours asked for
+    texts = {split: [json.loads(line)["text"] for line in (tmp_path / "ov" / f"{split}.jsonl").open()]
+             for split in ("train", "dev", "test", "test-unseen")}
+    assert len(texts["test"]) == 6 and texts["test-unseen"] == texts["test"]
+    assert not set(texts["train"]) & (set(texts["dev"]) | set(texts["test"]))
+    assert json.loads((tmp_path / "ov" / "corpus.json").read_text()) == summary
