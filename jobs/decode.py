@@ -88,6 +88,7 @@ class NgramDecoderLM(CTCDecoderLM):
     def start(self, start_with_nothing: bool) -> CTCDecoderLMState:
         state = CTCDecoderLMState()
         self.history = {state: (BOS,)}  # one utterance's states at a time
+        self.scored: dict[tuple[CTCDecoderLMState, int], tuple[CTCDecoderLMState, float]] = {}
         return state
 
     def _next(self, state: CTCDecoderLMState, index: int, word: str) -> tuple[CTCDecoderLMState, float]:
@@ -97,7 +98,13 @@ class NgramDecoderLM(CTCDecoderLM):
         return child, self.model.logprob(seen, word) * math.log(10)
 
     def score(self, state: CTCDecoderLMState, usr_token_idx: int) -> tuple[CTCDecoderLMState, float]:
-        return self._next(state, usr_token_idx, self.words[usr_token_idx])
+        """The search asks the same (state, word) again and again, frame after frame (40 utterances:
+        2.5 million asks): each is worked out once an utterance."""
+        key = (state, usr_token_idx)
+        found = self.scored.get(key)
+        if found is None:
+            found = self.scored[key] = self._next(state, usr_token_idx, self.words[usr_token_idx])
+        return found
 
     def finish(self, state: CTCDecoderLMState) -> tuple[CTCDecoderLMState, float]:
         return self._next(state, -1, EOS)

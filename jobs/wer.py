@@ -1,4 +1,4 @@
-"""Word error rate through jiwer, as a percentage."""
+"""Word and character error rates through jiwer, as percentages."""
 
 from __future__ import annotations
 
@@ -18,3 +18,18 @@ def word_error_rate(references: list[str], hypotheses: list[str]) -> float:
         return 0.0
     refs = [r if r.strip() else "<empty>" for r in references]
     return 100.0 * jiwer.wer(refs, list(hypotheses))
+
+
+def character_error_rate(references: list[str], hypotheses: list[str]) -> float:
+    """Corpus-level CER in percent (character edits over reference characters, spaces included).
+
+    Example:
+        >>> round(character_error_rate(["go left"], ["go lift"]), 2)
+        14.29
+    """
+    if len(references) != len(hypotheses):
+        raise ValueError(f"{len(references)} references but {len(hypotheses)} hypotheses")
+    if not references:
+        return 0.0
+    refs = [r if r.strip() else "<empty>" for r in references]
+    return 100.0 * jiwer.cer(refs, list(hypotheses))

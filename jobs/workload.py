@@ -36,7 +36,7 @@ from jobs.pipeline import FeatureCache, Prefetcher
 from jobs.sections import EVAL_SPLITS, OptimConfig, WorkloadConfig
 from jobs.shard_stream import ShardStream, StreamCorpus, is_shard_source
 from jobs.tokenizer import BpeTokenizer, CharTokenizer, build_tokenizer, output_size, tokenizer_from_state
-from jobs.wer import word_error_rate
+from jobs.wer import character_error_rate, word_error_rate
 from jobs.worker_batches import WorkerBatches, default_workers
 
 WARPS_NEED_AUDIO = "decoding.warps reads each utterance's audio through warped filterbanks"
@@ -423,7 +423,8 @@ class AsrWorkload:
             n += batch.size
         model.train(was_training)
         return {"wer": word_error_rate(refs, hyps) if n else None, "loss": loss_sum / n if n else None,
-                "utterances": n, "skipped": corpus.skipped.total}
+                "utterances": n, "skipped": corpus.skipped.total,
+                "cer": character_error_rate(refs, hyps) if n else None}
 
     def state_dict(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> dict:
         """The model's (and optimizer's) state and the tokenizer's, so a checkpoint decodes with its own

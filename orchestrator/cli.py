@@ -277,9 +277,11 @@ def sweep(sweep_path, overrides, out, address, resume):
 @click.argument("checkpoint", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.argument("data", type=click.Path(exists=True, path_type=Path))
 @click.option("--no-warps", is_flag=True, help="One unwarped pass, whatever the checkpoint's decoding.warps says.")
-def evaluate(checkpoint, data, no_warps):
-    """WER of CHECKPOINT on DATA (a .jsonl manifest, a LibriSpeech-layout or features directory), decoded
-    as the checkpoint's spec says. A run's checkpoint.pt means its newest usable checkpoint."""
+@click.option("--decoding", "decoding_kind", type=click.Choice(["greedy", "lexicon", "lm"]), default=None,
+              help="Decode so, whatever the checkpoint's decoding.kind says (lm: the model the checkpoint carries).")
+def evaluate(checkpoint, data, no_warps, decoding_kind):
+    """WER and CER of CHECKPOINT on DATA (a .jsonl manifest, a LibriSpeech-layout or features directory),
+    decoded as the checkpoint's spec says. A run's checkpoint.pt means its newest usable checkpoint."""
     from orchestrator.checkpoint import CheckpointError, load
     from orchestrator.workload import workload_class
 
@@ -291,6 +293,8 @@ def evaluate(checkpoint, data, no_warps):
     raw = {k: state["spec"][k] for k in ("features", "model", "optim", "decoding") if k in state["spec"]}
     if no_warps and "decoding" in raw:
         raw["decoding"] = {**raw["decoding"], "warps": None}
+    if decoding_kind is not None:
+        raw["decoding"] = {**raw.get("decoding", {}), "kind": decoding_kind}
     workload = cls(cls.Config.model_validate({**raw, "data": {
         "train": str(data), "max_batch_seconds": state["spec"]["data"]["max_batch_seconds"]}}))
     model = workload.build_model()
@@ -301,7 +305,8 @@ def evaluate(checkpoint, data, no_warps):
         raise click.ClickException(str(exc)) from None
     if not result["utterances"]:
         raise click.ClickException(f"no usable utterances in {data}: {workload.corpus(data).skipped.describe()}")
-    click.echo(f"{data}: WER {result['wer']:.2f}% over {result['utterances']} utterances "
+    cer = f", CER {result['cer']:.2f}%" if result.get("cer") is not None else ""
+    click.echo(f"{data}: WER {result['wer']:.2f}%{cer} over {result['utterances']} utterances "
                f"({result['skipped']} skipped)")
     click.echo(strict_json.dumps({"data": str(data), **result}))
 

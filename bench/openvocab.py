@@ -1,0 +1,157 @@
+"""Benchmark: the open-vocabulary recipe end to end (issue 41).
+
+`jobs/configs/openvocab.yaml` trained by 2 allreduce learners within a wall budget (30 minutes) on
+an open-vocabulary corpus from `chorus synth --task openvocab --hours 20 --seed 0` (real English
+sentences, some test words never in training text), its training audio streamed from shards
+(`chorus shards`), with a word trigram model estimated from the training text (`chorus lm`). Each
+run's final model is scored on `test` (seen voices), `test_unseen` (unseen espeak-ng voices) and
+`test_unseen_engine` (a synthesizer never heard), greedily and with the language model: WER and
+CER, and the test's out-of-vocabulary rate (words never in training text, which no lexicon
+decoder can output). One run is one sample: `--repeats` runs (each on a fresh local Ray
+instance), figures are medians with IQRs.
+
+Targets: WER with the LM <= 25% on test and <= 40% on test-unseen-engine; the LM lowers test WER
+by >= 20% relative to greedy decoding. Writes `bench/results/openvocab.json` and `openvocab.png`.
+
+Usage: .venv/bin/python bench/openvocab.py [--repeats 3] [--wall-seconds 1800] [--hours 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import matplotlib  # noqa: E402
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import ray  # noqa: E402
+from _common import summary, write_results  # noqa: E402
+
+from jobs.audio_shards import write_audio_shards  # noqa: E402
+from jobs.ngram import write_lm  # noqa: E402
+from jobs.synth import synthesize  # noqa: E402
+from jobs.workload import AsrWorkload  # noqa: E402
+from orchestrator.checkpoint import load  # noqa: E402
+from orchestrator.config import load_spec  # noqa: E402
+from orchestrator.job import TrainingJob  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results"
+WORK = ROOT / "bench" / "work" / "openvocab"
+RECIPE = ROOT / "jobs" / "configs" / "openvocab.yaml"
+SPLITS = ("test", "test_unseen", "test_unseen_engine")
+DECODERS = ("greedy", "lm")
+TARGETS = {"wer_test_lm": 25.0, "wer_test_unseen_engine_lm": 40.0, "lm_relative_gain_test": 0.20}
+
+
+def prepare(hours: float, seed: int = 0) -> Path:
+    """The corpus, its training shards and its trigram model (each made once)."""
+    corpus = WORK / f"corpus-{hours:g}h-{seed}"
+    if not (corpus / "corpus.json").is_file():
+        synthesize(corpus, eval_utterances=400, seed=seed, task="openvocab", hours=hours)
+    if not (corpus / "shards" / "shards.json").is_file():
+        write_audio_shards(corpus / "train.jsonl", corpus / "shards", shard_mb=64)
+    if not (corpus / "lm.arpa").is_file():
+        write_lm(corpus / "train.jsonl", corpus / "lm.arpa", 3)
+    return corpus
+
+
+def overrides(corpus: Path, wall_seconds: float, seed: int) -> list[str]:
+    data = {"train": corpus / "shards", **{s: corpus / f"{s.replace('_', '-')}.jsonl" for s in ("dev", *SPLITS)}}
+    return [*(f"data.{k}={v}" for k, v in data.items()), f"decoding.lm={corpus / 'lm.arpa'}",
+            f"budget.wall_seconds={wall_seconds}", "budget.epochs=null", f"seed={seed}"]
+
+
+def scores(spec, run: Path) -> dict:
+    """WER and CER on SPLITS of the run's final model, decoded each way of DECODERS."""
+    state = load(run / "checkpoint.pt").state
+    found = {}
+    for kind in DECODERS:
+        decoding = spec.workload_config.decoding.model_copy(update={"kind": kind, "warps": None})
+        workload = AsrWorkload(spec.workload_config.model_copy(update={"decoding": decoding}), seed=spec.seed)
+        model = workload.build_model()
+        workload.load_state_dict(state, model)
+        for split in SPLITS:
+            result = workload.evaluate(model, split)
+            found[f"wer_{split}_{kind}"] = round(result["wer"], 2)
+            found[f"cer_{split}_{kind}"] = round(result["cer"], 2)
+    found["lm_relative_gain_test"] = round(1 - found["wer_test_lm"] / found["wer_test_greedy"], 4)
+    return found
+
+
+def run_once(repeat: int, corpus: Path, wall_seconds: float, runs: list) -> float:
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        spec = load_spec(RECIPE, overrides(corpus, wall_seconds, repeat))
+        outcome = TrainingJob(spec, WORK / f"run-{repeat}", overwrite=True).run()
+    finally:
+        ray.shutdown()
+    run = {"seed": repeat, **{k: outcome[k] for k in ("epochs", "samples_per_s", "wall_s", "startup_s")},
+           "skipped": outcome["skipped_utterances"], **scores(spec, WORK / f"run-{repeat}")}
+    runs.append(run)
+    print("[openvocab] " + json.dumps(run), flush=True)
+    return run["wer_test_lm"]
+
+
+def plot(result: dict, path: Path) -> None:
+    """WER per split, greedy and with the LM (median, IQR whiskers); targets dotted."""
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    stats = result["figures"]
+    for i, kind in enumerate(DECODERS):
+        medians = [stats[f"wer_{s}_{kind}"]["median"] for s in SPLITS]
+        low = [m - stats[f"wer_{s}_{kind}"]["iqr"][0] for m, s in zip(medians, SPLITS, strict=True)]
+        high = [stats[f"wer_{s}_{kind}"]["iqr"][1] - m for m, s in zip(medians, SPLITS, strict=True)]
+        xs = [x + (i - 0.5) * 0.38 for x in range(len(SPLITS))]
+        ax.bar(xs, medians, 0.38, yerr=[low, high], capsize=3, color=f"C{i}", label=kind)
+        for x, m in zip(xs, medians, strict=True):
+            ax.text(x, m, f"{m:.1f}", ha="center", va="bottom", fontsize=8)
+    for split, target in (("test", 25.0), ("test_unseen_engine", 40.0)):
+        x = SPLITS.index(split)
+        ax.hlines(target, x - 0.45, x + 0.45, color="red", ls=":", lw=1)
+    ax.set_xticks(range(len(SPLITS)), ["test (seen voices)", "test-unseen (voices)", "test-unseen-engine"])
+    ax.set_ylabel("WER (%), median and IQR")
+    ax.set_title(f"openvocab.yaml, 2 learners, {result['wall_seconds']:g} s, {result['repeats']} runs; "
+                 f"{result['corpus']['splits']['train']['hours']:.1f} h; test OOV "
+                 f"{100 * result['corpus']['oov_rate_test']:.1f}%", fontsize=9)
+    ax.legend(fontsize=8)
+    ax.grid(True, axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--wall-seconds", type=float, default=1800.0)
+    parser.add_argument("--hours", type=float, default=20.0)
+    args = parser.parse_args()
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # throwaway local instances
+    started = time.time()
+    corpus = prepare(args.hours)
+    runs: list[dict] = []
+    for repeat in range(args.repeats):  # one recipe: nothing to interleave with
+        run_once(repeat, corpus, args.wall_seconds, runs)
+    figures = {key: summary([r[key] for r in runs], 4) for key in runs[0]
+               if isinstance(runs[0][key], (int, float)) and key != "seed"}
+    checks = {"wer_test_lm": figures["wer_test_lm"]["median"] <= TARGETS["wer_test_lm"],
+              "wer_test_unseen_engine_lm": figures["wer_test_unseen_engine_lm"]["median"]
+              <= TARGETS["wer_test_unseen_engine_lm"],
+              "lm_relative_gain_test": figures["lm_relative_gain_test"]["median"] >= TARGETS["lm_relative_gain_test"]}
+    result = {"benchmark": "openvocab", "learners": 2, "group": "allreduce", "wall_seconds": args.wall_seconds,
+              "repeats": args.repeats, "corpus": json.loads((corpus / "corpus.json").read_text()),
+              "figures": figures, "runs": runs, "targets": TARGETS, "checks": checks,
+              "wall_s": round(time.time() - started, 1), "passed": all(checks.values())}
+    write_results(RESULTS / "openvocab.json", result, plot)
+    print(json.dumps({k: v["median"] for k, v in figures.items()}), "passed", result["passed"])
+    return 0 if result["passed"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

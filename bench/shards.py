@@ -1,0 +1,257 @@
+"""Benchmark: training data as shards in object storage, at scale (issue 41, part 4).
+
+A corpus of >= 100,000 utterances (>= 50 h) is packed into 64 MB shards (`chorus shards`) on an S3
+API on loopback (moto's server, as the suite's tests use), and so is a 10-hour one. The speech is
+the open-vocabulary corpus of bench/openvocab.py (`chorus synth --task openvocab --hours 20`),
+its files hard-linked under new names as many times as the size needs: what is measured here
+(start-up, memory, read rate) depends on the bytes and counts, not on the sentences.
+
+Measured:
+- start-up: `startup_s` of a job (its start to its first step: the driver's checks, BPE units
+  from the texts' sample, 2 learners placed and streaming) of `jobs/configs/openvocab.yaml` on the
+  10-hour and on the large corpus, interleaved, `--repeats` each. Target: ratio of medians <= 1.2.
+- memory and data rate: 2 learner processes (1 torch thread each, as 2 learners on this 2-core
+  machine) each stream their half of one epoch of the large corpus from S3 (audio decode,
+  openvocab.yaml's augmentation, filterbanks, padding, as a learner's input path does), with
+  the recipe's read-ahead. Each samples its resident memory every 50 batches. Growth: the
+  largest sample after the first 5% of the epoch minus the sample then. Target: <= 32 MB.
+- the model's rate: the same 2 processes training openvocab.yaml's model (forward, backward,
+  optimizer step) on batches already in memory, utterances/s each. Target: data rate >= 3x it.
+
+Writes `bench/results/shards.json` and `shards.png`.
+
+Usage: .venv/bin/python bench/shards.py [--repeats 5] [--utterances 100000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import matplotlib  # noqa: E402
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from _common import interleaved, summary, write_results  # noqa: E402
+
+from jobs.audio_shards import write_audio_shards  # noqa: E402
+from orchestrator.config import load_spec  # noqa: E402
+from orchestrator.local_head import BIN, free_port  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results"
+WORK = ROOT / "bench" / "work" / "shards"
+SOURCE = ROOT / "bench" / "work" / "openvocab" / "corpus-20h-0"
+RECIPE = ROOT / "jobs" / "configs" / "openvocab.yaml"
+KEYS = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_REGION": "us-east-1",
+        "AWS_DEFAULT_REGION": "us-east-1"}
+RSS_EVERY = 50  # batches between memory samples
+TARGETS = {"startup_ratio": 1.2, "rss_growth_mb": 32.0, "data_to_model": 3.0}
+
+
+def scaled_manifest(utterances: int) -> Path:
+    """A manifest of `utterances` rows over SOURCE's training audio, each file hard-linked under
+    as many new names as it takes (made once)."""
+    out = WORK / f"corpus-{utterances}"
+    manifest = out / "train.jsonl"
+    if manifest.is_file():
+        return manifest
+    rows = [json.loads(line) for line in (SOURCE / "train.jsonl").open()]
+    (out / "audio").mkdir(parents=True, exist_ok=True)
+    with open(manifest.with_suffix(".tmp"), "w") as f:
+        for n in range(utterances):
+            row = rows[n % len(rows)]
+            link = out / "audio" / f"c{n // len(rows)}-{Path(row['audio_filepath']).name}"
+            if not link.exists():
+                os.link(SOURCE / row["audio_filepath"], link)
+            f.write(json.dumps({**row, "audio_filepath": str(link.relative_to(out))}, allow_nan=False) + "\n")
+    manifest.with_suffix(".tmp").rename(manifest)
+    return manifest
+
+
+def start_s3() -> tuple[subprocess.Popen, str]:
+    """moto's S3 server on a free loopback port with a bucket `chorus`; its endpoint."""
+    import boto3
+
+    port = free_port()
+    server = subprocess.Popen([str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            if time.monotonic() > deadline or server.poll() is not None:
+                raise RuntimeError("moto's server did not start") from None
+            time.sleep(0.2)
+    boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}").create_bucket(Bucket="chorus")
+    return server, f"127.0.0.1:{port}"
+
+
+def uri(endpoint: str, name: str) -> str:
+    return f"s3://chorus/{name}?endpoint_override={endpoint}&scheme=http"
+
+
+def spec_for(train: str, **more: str):
+    sets = [f"data.train={train}", *(f"data.{s}=null" for s in ("dev", "test", "test_unseen", "test_unseen_engine")),
+            "decoding.kind=greedy", "decoding.lm=null", *(f"{k}={v}" for k, v in more.items())]
+    return load_spec(RECIPE, sets)
+
+
+def startup_s(train: str, repeat: int) -> float:
+    """A 2-learner job of the recipe on `train`: seconds from its start to its first step."""
+    import ray
+
+    from orchestrator.job import TrainingJob
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        spec = spec_for(train, **{"budget.wall_seconds": "8", "budget.epochs": "null", "seed": str(repeat)})
+        outcome = TrainingJob(spec, WORK / "startup-run", overwrite=True).run()
+    finally:
+        ray.shutdown()
+    return outcome["startup_s"]
+
+
+def _rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS")
+
+
+def stream_learner(train: str, rank: int, answers) -> None:
+    """One learner's half of epoch 0, streamed: utterances/s and resident memory samples."""
+    import torch
+
+    from jobs.workload import AsrWorkload
+
+    torch.set_num_threads(1)
+    spec = spec_for(train)
+    workload = AsrWorkload(spec.workload_config, seed=spec.seed)
+    stream = workload.batches(rank, 2, 0)
+    samples, utterances, batches, start = [], 0, 0, time.perf_counter()
+    for batch in stream:
+        utterances, batches = utterances + batch.size, batches + 1
+        if batches % RSS_EVERY == 0:
+            samples.append((stream.position / len(stream), _rss_mb()))
+    seconds = time.perf_counter() - start
+    answers.put({"rank": rank, "utterances": utterances, "planned": len(stream), "seconds": round(seconds, 1),
+                 "utt_per_s": round(utterances / seconds, 2), "rss_mb": samples,
+                 "skipped": dict(workload.train.skipped.counts)})
+
+
+def model_learner(train: str, rank: int, answers, steps: int = 12) -> None:
+    """Openvocab.yaml's model trained on batches already in memory: utterances/s."""
+    import torch
+
+    from jobs.workload import AsrWorkload
+
+    torch.set_num_threads(1)
+    spec = spec_for(train)
+    workload = AsrWorkload(spec.workload_config, seed=spec.seed)
+    model, batches = workload.build_model(), []
+    optimizer = workload.build_optimizer(model)
+    for batch in workload.batches(rank, 2, 0):
+        batches.append(batch)
+        if len(batches) == steps + 2:
+            break
+    for i, batch in enumerate(batches):
+        if i == 2:  # two warm-up steps
+            start, utterances = time.perf_counter(), 0
+        optimizer.zero_grad()
+        workload.loss(model, batch).backward()
+        workload.optimizer_step(model, optimizer, i, 0.0)
+        utterances = utterances + batch.size if i >= 2 else 0
+    answers.put({"rank": rank, "utt_per_s": round(utterances / (time.perf_counter() - start), 2)})
+
+
+def two_learners(target, train: str) -> list[dict]:
+    """`target(train, rank, answers)` in 2 processes at once (spawned: a learner's fresh process)."""
+    ctx = mp.get_context("spawn")
+    answers = ctx.Queue()
+    procs = [ctx.Process(target=target, args=(train, rank, answers)) for rank in range(2)]
+    for p in procs:
+        p.start()
+    found = sorted((answers.get(timeout=7200) for _ in procs), key=lambda a: a["rank"])
+    for p in procs:
+        p.join(timeout=60)
+    return found
+
+
+def rss_growth(samples: list) -> float:
+    """The largest sample after the first 5% of the epoch, minus the sample then (MB)."""
+    later = [rss for where, rss in samples if where >= 0.05]
+    return round(max(later) - later[0], 1) if later else float("nan")
+
+
+def plot(result: dict, path: Path) -> None:
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    for learner in result["epoch"]:
+        a.plot([100 * w for w, _ in learner["rss_mb"]], [r for _, r in learner["rss_mb"]],
+               label=f"learner {learner['rank']}: +{learner['rss_growth_mb']} MB")
+    a.set_xlabel("epoch streamed (%)")
+    a.set_ylabel("resident memory (MB)")
+    a.set_title(f"{result['large']['utterances']:,} utterances, {result['large']['hours']:.0f} h from S3", fontsize=9)
+    a.legend(fontsize=8)
+    names = list(result["startup_s"])
+    b.bar(names, [result["startup_s"][n]["median"] for n in names],
+          yerr=[[result["startup_s"][n]["median"] - result["startup_s"][n]["iqr"][0] for n in names],
+                [result["startup_s"][n]["iqr"][1] - result["startup_s"][n]["median"] for n in names]], capsize=4)
+    b.set_ylabel("start to first step (s), median and IQR")
+    b.set_title(f"ratio {result['startup_ratio']:.2f} (target <= 1.2); data {result['data_to_model']:.1f}x "
+                "the model's rate", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--utterances", type=int, default=100_000)
+    parser.add_argument("--small-utterances", type=int, default=10_000, help="the 10-hour corpus")
+    args = parser.parse_args()
+    os.environ.update({"RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled"), **KEYS})
+    started = time.time()
+    server, endpoint = start_s3()
+    try:
+        made = {name: write_audio_shards(scaled_manifest(n), uri(endpoint, name), shard_mb=64)
+                for name, n in (("small", args.small_utterances), ("large", args.utterances))}
+        trains = {name: uri(endpoint, name) for name in made}
+        startups = interleaved({name: (lambda r, name=name: startup_s(trains[name], r)) for name in trains},
+                               repeats=args.repeats)
+        epoch = two_learners(stream_learner, trains["large"])
+        model = two_learners(model_learner, trains["large"])
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    for learner in epoch:
+        learner["rss_growth_mb"] = rss_growth(learner["rss_mb"])
+    startup = {name: summary(values, 3) for name, values in startups.items()}
+    data_rate, model_rate = min(e["utt_per_s"] for e in epoch), max(m["utt_per_s"] for m in model)
+    result = {"benchmark": "shards", "small": made["small"], "large": made["large"], "startup_s": startup,
+              "startup_ratio": round(startup["large"]["median"] / startup["small"]["median"], 3),
+              "epoch": epoch, "model": model, "data_to_model": round(data_rate / model_rate, 2),
+              "every_utterance_once": sum(e["utterances"] for e in epoch) == made["large"]["utterances"],
+              "targets": TARGETS, "repeats": args.repeats, "wall_s": round(time.time() - started, 1)}
+    result["checks"] = {"startup_ratio": result["startup_ratio"] <= TARGETS["startup_ratio"],
+                        "rss_growth_mb": max(e["rss_growth_mb"] for e in epoch) <= TARGETS["rss_growth_mb"],
+                        "data_to_model": result["data_to_model"] >= TARGETS["data_to_model"]}
+    result["passed"] = all(result["checks"].values()) and result["every_utterance_once"]
+    write_results(RESULTS / "shards.json", result, plot)
+    print(json.dumps({k: result[k] for k in ("startup_ratio", "data_to_model", "checks", "passed")}))
+    return 0 if result["passed"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
