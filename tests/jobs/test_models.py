@@ -5,7 +5,7 @@ from jobs.decode import greedy_decode
 from jobs.models import build_model, count_parameters, ctc_loss
 from jobs.sections import ModelConfig
 from jobs.tokenizer import CharTokenizer
-from jobs.wer import word_error_rate
+from jobs.wer import character_error_rate, word_error_rate
 
 pytestmark = pytest.mark.unit
 
@@ -31,6 +31,13 @@ def test_wer_is_percent_from_jiwer():
     assert word_error_rate(["yes no"], [""]) == 100.0
     with pytest.raises(ValueError):
         word_error_rate(["a"], [])
+
+
+def test_cer_counts_character_edits_over_reference_characters():
+    assert character_error_rate(["go left"], ["go lift"]) == pytest.approx(100 / 7)
+    assert character_error_rate(["ab", "cd"], ["ab", ""]) == pytest.approx(50.0)
+    with pytest.raises(ValueError):
+        character_error_rate(["a"], [])
 
 
 def expected_parameters(cfg: ModelConfig, in_bins: int, vocab_size: int) -> int:

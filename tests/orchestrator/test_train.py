@@ -66,6 +66,10 @@ def test_cli_train_prints_evals_and_summary_last_then_eval_reads_checkpoint(corp
         once = run_cli("eval", "--no-warps", str(out / "checkpoint.pt"), str(corpus / "test"))
         assert once.returncode == 0, once.stderr
         assert abs(json.loads(once.stdout.strip().splitlines()[-1])["loss"] - result["loss"]) > 1e-3
+        greedy = run_cli("eval", "--decoding", "greedy", str(out / "checkpoint.pt"), str(corpus / "test"))
+        assert greedy.returncode == 0 and ", CER " in greedy.stdout, greedy.stderr
+        decoded = json.loads(greedy.stdout.strip().splitlines()[-1])
+        assert decoded["loss"] == result["loss"] and decoded["cer"] is not None  # the same model, decoded otherwise
         assert run_cli("features", str(corpus / "test.jsonl"), "--out", str(tmp_path / "feats")).returncode == 0
         refused = run_cli("eval", str(out / "checkpoint.pt"), str(tmp_path / "feats"))  # no audio to warp
         assert refused.returncode == 1 and refused.stderr.strip() == (
