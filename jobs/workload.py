@@ -105,6 +105,10 @@ class Corpus:
     def texts(self) -> list[str]:
         return [u.text for u in self.utterances]
 
+    def tokenizer_texts(self) -> list[str]:
+        """Transcripts to learn units from: all of them (they are in memory already)."""
+        return self.texts()
+
     def batches(self, rank: int, world_size: int, epoch: int, seed: int, data, start: int = 0,
                 weights: list[float] | None = None) -> ShardBatches:
         """Rank `rank`'s batches of `epoch` (`data`: the spec's data section), from planned batch
@@ -286,7 +290,7 @@ class AsrWorkload:
         (BPE: trained from the training transcripts, the same on every learner)."""
         with self._tokenizer_lock:
             if self._tokenizer is None:
-                self._tokenizer = build_tokenizer(self.config.model.tokenizer, self.train.texts())
+                self._tokenizer = build_tokenizer(self.config.model.tokenizer, self.train.tokenizer_texts())
             return self._tokenizer
 
     @property
