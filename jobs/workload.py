@@ -379,9 +379,8 @@ class AsrWorkload:
 
     def batches(self, rank: int, world_size: int, epoch: int, start: int = 0,
                 weights: list[float] | None = None) -> ShardBatches | ShardStream:
-        """This rank's batches for one epoch, from planned batch (of a shard stream: utterance)
-        `start` on: a sized iterable that loads audio as it goes. `weights` (one per rank) size
-        the shards unequally (`jobs.data.shard_batches`, `jobs.shard_stream.plan_shards`)."""
+        """This rank's batches of one epoch from planned batch (a stream's: utterance) `start` on, loading
+        audio as it goes; `weights` (one per rank) size the shards unequally (`Corpus`'s, `StreamCorpus`'s)."""
         corpus = self.train
         if not len(corpus):  # this node sees none of what the driver checked
             raise DataError(f"no usable training utterances in {corpus.source} on host {socket.gethostname()}: "
