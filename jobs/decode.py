@@ -53,7 +53,8 @@ class LexiconDecoder:
     """
 
     def __init__(self, tokenizer: CharTokenizer | BpeTokenizer, words: list[str], beam: int = 10,
-                 word_score: float = 0.0, lm: NgramModel | None = None, lm_weight: float = 1.0):
+                 word_score: float = 0.0, lm: NgramModel | None = None, lm_weight: float = 1.0,
+                 beam_tokens: int | None = None, beam_threshold: float = 50.0):
         from torchaudio.models.decoder import ctc_decoder  # flashlight-text underneath
 
         if not words:
@@ -67,7 +68,8 @@ class LexiconDecoder:
                 lexicon=str(lexicon), tokens=tokenizer.unit_names(),
                 lm=NgramDecoderLM(lm, [*self.words, UNK]) if lm is not None else None,
                 lm_dict=str(names) if lm is not None else None, lm_weight=lm_weight,
-                beam_size=beam, word_score=word_score, blank_token=BLANK_NAME,
+                beam_size=beam, beam_size_token=beam_tokens, beam_threshold=beam_threshold,
+                word_score=word_score, blank_token=BLANK_NAME,
                 sil_token=tokenizer.word_separator, unk_word=UNK)
 
     def __call__(self, log_probs: torch.Tensor, lengths: torch.Tensor) -> list[str]:
@@ -155,8 +157,10 @@ class DecodingAssets:
     def decoder(self, tokenizer: CharTokenizer | BpeTokenizer) -> Decoder:
         """The spec's decoder over `tokenizer`'s units, with these words and language model."""
         c = self.config
+        search = {"beam": c.beam, "word_score": c.word_score, "beam_tokens": c.beam_tokens,
+                  "beam_threshold": c.beam_threshold}
         makers = {"greedy": lambda: functools.partial(greedy_decode, tokenizer=tokenizer),
-                  "lexicon": lambda: LexiconDecoder(tokenizer, self.lexicon(), c.beam, c.word_score),
-                  "lm": lambda: LexiconDecoder(tokenizer, self.lexicon(), c.beam, c.word_score, self.lm(),
-                                               c.lm_weight)}
+                  "lexicon": lambda: LexiconDecoder(tokenizer, self.lexicon(), **search),
+                  "lm": lambda: LexiconDecoder(tokenizer, self.lexicon(), lm=self.lm(), lm_weight=c.lm_weight,
+                                               **search)}
         return makers[c.kind]()

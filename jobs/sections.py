@@ -231,6 +231,10 @@ class DecodingConfig(BaseModel):
             each spelled in the model's units; the word list is saved with checkpoints) or `lm`
             (the same search, its hypotheses also scored by the word n-gram model in `lm`).
         beam: hypotheses kept per frame (`lexicon`, `lm`).
+        beam_tokens: units a hypothesis may grow by per frame, the most likely first (`lexicon`,
+            `lm`); null: every unit. With BPE's hundreds of units and a language model each growth
+            costs a score, so a few dozen keep the search fast (bench/README, "Open vocabulary").
+        beam_threshold: hypotheses scoring further than this below the frame's best are dropped.
         word_score: added to a hypothesis's log-probability per word (`lexicon`): above 0 favours
             more words, below 0 fewer.
         lm: an ARPA file of a word n-gram model (`chorus lm`), for `kind: lm`.
@@ -246,6 +250,8 @@ class DecodingConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     kind: Literal["greedy", "lexicon", "lm"] = "greedy"
     beam: int = Field(10, ge=1)
+    beam_tokens: int | None = Field(None, ge=1)
+    beam_threshold: float = Field(50.0, gt=0)
     word_score: float = 0.0
     lm: str | None = None
     lm_weight: float = Field(0.5, ge=0)

@@ -67,6 +67,25 @@ def test_the_language_model_turns_an_acoustically_likelier_misspelling_into_the_
     assert math.isfinite(_model().logprob(("the",), "mad"))  # "mad" is unknown to the text: <unk>, not -inf
 
 
+def test_beam_tokens_bounds_the_units_a_hypothesis_grows_by_per_frame():
+    tok = CharTokenizer()
+    units = tok.encode("the cat sat on the mad").tolist()
+    frames = torch.tensor([f for unit in units for f in (unit, unit, BLANK)])
+    log_probs = torch.full((1, len(frames), tok.vocab_size), -9.0)
+    log_probs[..., BLANK] = -3.0
+    log_probs[0, torch.arange(len(frames)), frames] = -0.05
+    log_probs[0, -3:-1, tok.encode("t")[0]] = -1.8  # "t" second likeliest where "d" was heard
+    log_probs[0, -3:-1, tok.encode("d")[0]] = -0.2
+    log_probs, lengths = log_probs.log_softmax(-1), torch.tensor([len(frames)])
+    words = ["the", "cat", "sat", "on", "mat", "mad", "hat", "dog", "a"]
+
+    def decoded(beam_tokens: int) -> list[str]:
+        return LexiconDecoder(tok, words, lm=_model(), lm_weight=1.0, beam_tokens=beam_tokens)(log_probs, lengths)
+
+    assert decoded(2) == ["the cat sat on the mat"]  # "t" is among the 2 units tried: the LM's word wins
+    assert decoded(1) == ["the cat sat on the mad"]  # only the likeliest unit: the LM never sees "mat"
+
+
 def test_chorus_lm_models_a_manifests_transcripts_and_decoding_kind_lm_uses_it(corpus, tmp_path):
     from click.testing import CliRunner
 
