@@ -32,7 +32,7 @@ from jobs.batch import Batch, padded_batch
 from jobs.data import TOO_LONG, AudioError, DataError, SkipReport
 from jobs.device_features import AudioBatch
 from jobs.features import Fbank
-from jobs.pipeline import Prefetcher
+from jobs.pipeline import HeapTrimmer, Prefetcher
 
 TOKENIZER_SENTENCES = 10_000  # transcripts a BPE tokenizer learns from: a sample, whatever the corpus's size
 # (50,000 made a 100,000-utterance corpus's jobs start 4-5 s later than a 10,000-utterance one's)
@@ -154,12 +154,14 @@ class ShardStream:
     def __iter__(self) -> Iterator[Batch]:
         whole_epoch, trained = self.position == 0, False
         prepared = Prefetcher(self._prepared(), self.prefetch) if self.prefetch else self._prepared()
+        trim = HeapTrimmer()
         try:
             for position, batch in prepared:
                 self.position = position
                 if batch is not None:
                     trained = True
                     yield batch
+                    trim()  # the step is done with the batch
         finally:
             if isinstance(prepared, Prefetcher):
                 prepared.close()
