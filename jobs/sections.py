@@ -307,6 +307,8 @@ class LinearData(BaseModel):
     compute_seconds: each batch's loss takes at least this long (sleeping, not computing): a
         stand-in for a real model's step time, so orchestration tests have steps of a realistic
         length without loading a busy machine.
+    eval_seconds: each split's evaluation takes at least this long (sleeping): a stand-in for a
+        real model's dev pass, so tests can have evaluations slower than an epoch.
     """
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
@@ -316,6 +318,7 @@ class LinearData(BaseModel):
     batch_size: int = Field(16, ge=1)
     eval_splits: list[str] = Field(default_factory=lambda: ["dev", "test"])
     compute_seconds: float = Field(0.0, ge=0)
+    eval_seconds: float = Field(0.0, ge=0)
 
 
 class LinearModel(BaseModel):

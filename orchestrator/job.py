@@ -200,8 +200,8 @@ class TrainingJob:
         return stats["loss"]
 
     # -- evaluation and checkpoints (`snapshot.Snapshots`) ----------------------------------------
-    def evaluate(self, train_loss: float, start: float) -> None:
-        self.snapshots.begin(train_loss, start)
+    def evaluate(self, train_loss: float, start: float, wait: bool = False) -> None:
+        self.snapshots.begin(train_loss, start, wait)
 
     def poll_snapshot(self, wait: bool = False) -> None:
         self.snapshots.poll(wait)

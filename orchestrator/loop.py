@@ -87,10 +87,9 @@ class TrainLoop:
             if epoch_now > last_epoch:  # at every epoch boundary: adapt to the speeds measured
                 last_epoch = epoch_now
                 job.group.rebalance()
-            due = epoch_now >= next_eval or (self.budget.eval_every_seconds is not None
-                                             and time.time() - last_eval >= self.budget.eval_every_seconds)
-            if due and self.losses:
-                job.evaluate(mean_loss(self.losses), self.start)
+            epoch_due = epoch_now >= next_eval  # of this epoch's weights: it waits for the one in flight
+            if (epoch_due or clock_due(self.budget, last_eval)) and self.losses:
+                job.evaluate(mean_loss(self.losses), self.start, wait=epoch_due)
                 self.losses, last_eval = [], time.time()
                 next_eval = (epoch_now // self.budget.eval_every_epochs + 1) * self.budget.eval_every_epochs
         self.drain()
@@ -248,6 +247,11 @@ def chunk_steps(lockstep: bool, learners: int, arriving: bool) -> int:
     if not lockstep:
         return CHUNK_STEPS
     return 2 if arriving else CHUNK_STEPS * -(-learners // ROUND_LEARNERS)
+
+
+def clock_due(budget, last_eval: float) -> bool:
+    """An evaluation is due by the clock (`budget.eval_every_seconds` since the last)."""
+    return budget.eval_every_seconds is not None and time.time() - last_eval >= budget.eval_every_seconds
 
 
 def mean_loss(losses: list[tuple[float, int]]) -> float:

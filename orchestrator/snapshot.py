@@ -132,12 +132,14 @@ class Snapshots:
         self.retries = 0  # snapshots in a row that a dying learner spoiled
         self.driver_bytes: list[int] = []  # what the driver received for each finished snapshot
 
-    def begin(self, train_loss: float, start: float) -> None:
+    def begin(self, train_loss: float, start: float, wait: bool = False) -> None:
         """Start an evaluation and checkpoint of the live learners. While the one in flight is not
         done, this one is started by `poll` once it is, so the training loop does not wait (a
         snapshot that a death spoiled is taken again, which took 1.4-1.6 s at 32 learners); one
-        more falling due meanwhile waits for both."""
-        if self.current is not None and self.due is None and not self.current.ready():
+        more falling due meanwhile waits for both. `wait` (an epoch's evaluation): wait for the
+        one in flight and start this one now, so its record is of this epoch's weights, not of a
+        later epoch's (a sweep's scheduler counts one report per epoch)."""
+        if not wait and self.current is not None and self.due is None and not self.current.ready():
             self.due = (train_loss, start)
             return
         self.poll(wait=True)

@@ -9,6 +9,7 @@ import torch
 
 from orchestrator import checkpoint
 from orchestrator.job import TrainingJob
+from orchestrator.runtime import RayRuntime
 from orchestrator.state_store import START, StateStore, model_file, state_file
 from tests.conftest import linear_spec
 
@@ -108,3 +109,18 @@ def test_allreduce_checkpoints_one_state_for_its_equal_replicas_and_resumes_from
                           tmp_path, resume=True)
     summary = resumed.run()
     assert [r["epoch"] for r in resumed.evals] == [1, 2] and summary["samples"] == 2 * 512
+
+
+@pytest.mark.ray
+def test_an_evaluation_slower_than_an_epoch_still_gives_each_epoch_its_own_record(ray_session, tmp_path):
+    # an epoch of ~0.3 s, evaluations of >= 1 s: epoch 2 falls due while epoch 1's evaluation runs.
+    # Its record must be of epoch 2's weights (a sweep's scheduler counts one report per epoch),
+    # not of whatever epoch the learner has reached when epoch 1's is done
+    spec = linear_spec(name="snap-slow-eval", budget__epochs=3,
+                       data={**linear_spec(raw=True)["data"], "compute_seconds": 0.01, "eval_seconds": 1.0})
+    reports = []
+    job = TrainingJob(spec, tmp_path, report=reports.append, runtime=RayRuntime())  # as a sweep's trial runs it
+    job.run()
+    assert [int(r["epoch"]) for r in job.evals] == [1, 2, 3], [r["epoch"] for r in job.evals]
+    assert [r["epoch"] for r in reports] == [r["epoch"] for r in job.evals]
+    assert [r["step"] for r in job.evals] == sorted({r["step"] for r in job.evals})  # three different steps
