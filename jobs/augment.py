@@ -81,6 +81,20 @@ class Draws:
     warp: float = 1.0
 
 
+@dataclass
+class Choices:
+    """An utterance's augmentation for one epoch as numbers: speed factor, reverberation time (None:
+    no room), SNR in dB (None: no noise), VTLP warp; and the room's and the noise's generators,
+    positioned after those numbers, for whatever is drawn from them next."""
+
+    speed: float = 1.0
+    rt60_s: float | None = None
+    snr_db: float | None = None
+    warp: float = 1.0
+    room: torch.Generator | None = None
+    noise: torch.Generator | None = None
+
+
 def sped_length(length: int, factor: float) -> int:
     """Samples of a `length`-sample waveform after speed perturbation by `factor`: torchaudio's
     resampler's own expression (`_apply_sinc_resample_kernel`), so they agree to the sample."""
@@ -107,6 +121,18 @@ class Augment:
 
     def draws(self, epoch: int, index: int, length: int) -> Draws:
         """Utterance `index`'s draws for `epoch`, for a waveform of `length` samples."""
+        choice = self.choices(epoch, index)
+        drawn = Draws(speed=choice.speed, warp=choice.warp)
+        if choice.rt60_s is not None:
+            drawn.rir = synthetic_rir(choice.rt60_s, choice.room)
+        if choice.snr_db is not None:
+            drawn.snr_db = choice.snr_db
+            drawn.noise = torch.randn(sped_length(length, drawn.speed), generator=choice.noise)
+        return drawn
+
+    def choices(self, epoch: int, index: int) -> Choices:
+        """What augmentation chose for utterance `index` in `epoch`, before anything is built from it:
+        the waveform's draws (`draws`) and the filterbank domain's (`jobs.mel_augment`) agree."""
         c = self.config
         # each kind draws from a stream of its own, so switching one kind on or off changes nothing
         # of what the others do to the same utterance
@@ -115,15 +141,14 @@ class Augment:
         def uniform(low: float, high: float, g: torch.Generator) -> float:
             return low + (high - low) * float(torch.rand((), generator=g))
 
-        drawn = Draws(warp=self.warp(epoch, index))
+        chosen = Choices(warp=self.warp(epoch, index), room=room, noise=noise)
         if c.speed_factors:
-            drawn.speed = c.speed_factors[int(torch.randint(len(c.speed_factors), (), generator=speed))]
+            chosen.speed = c.speed_factors[int(torch.randint(len(c.speed_factors), (), generator=speed))]
         if uniform(0, 1, room) < c.reverb_prob:
-            drawn.rir = synthetic_rir(uniform(*c.reverb_rt60_s, room), room)
+            chosen.rt60_s = uniform(*c.reverb_rt60_s, room)
         if uniform(0, 1, noise) < c.noise_prob:
-            drawn.snr_db = uniform(*c.noise_snr_db, noise)
-            drawn.noise = torch.randn(sped_length(length, drawn.speed), generator=noise)
-        return drawn
+            chosen.snr_db = uniform(*c.noise_snr_db, noise)
+        return chosen
 
     @staticmethod
     @torch.no_grad()

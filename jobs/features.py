@@ -10,6 +10,7 @@ import torchaudio
 from jobs.sections import FeatureConfig
 
 SAMPLE_RATE = 16_000
+FLOOR = 1e-6  # added to the mel power before its log
 
 
 def vtlp_frequencies(freqs: torch.Tensor, alpha: float, nyquist: float = SAMPLE_RATE / 2,
@@ -46,15 +47,25 @@ class Fbank:
 
     @torch.no_grad()
     def __call__(self, waveform: torch.Tensor, warp: float = 1.0) -> torch.Tensor:
+        return normalized(self.log_mel(waveform, warp))
+
+    @torch.no_grad()
+    def log_mel(self, waveform: torch.Tensor, warp: float = 1.0) -> torch.Tensor:
+        """Log-mel power (frames, num_mel_bins), not normalized: what audio shards may carry
+        precomputed (`chorus shards --features`), augmented in this domain by `jobs.mel_augment`."""
         if warp == 1.0:
             mel = self._mel(waveform.float())  # (n_mels, frames)
         else:
             power = self._mel.spectrogram(waveform.float())  # (n_freqs, frames)
             mel = self.warped_filters(warp).transpose(0, 1) @ power
-        logmel = torch.log(mel + 1e-6).transpose(0, 1)
-        mean = logmel.mean(dim=0, keepdim=True)
-        std = logmel.std(dim=0, keepdim=True).clamp_min(1e-5)
-        return (logmel - mean) / std
+        return torch.log(mel + FLOOR).transpose(0, 1)
+
+
+def normalized(logmel: torch.Tensor) -> torch.Tensor:
+    """Per-utterance mean and variance normalization of each channel (frames, bins)."""
+    mean = logmel.mean(dim=0, keepdim=True)
+    std = logmel.std(dim=0, keepdim=True).clamp_min(1e-5)
+    return (logmel - mean) / std
 
 
 class SpecAugment:

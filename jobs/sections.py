@@ -32,6 +32,9 @@ class DataConfig(BaseModel):
     prefetch_batches: batches prepared ahead of the step in a background thread (audio decode,
         filterbanks, padding); 0 prepares each one when the step asks for it. With `workers`, the
         batches each worker prepares ahead.
+    shard_features: train on the log-mel power that audio shards carry (`chorus shards --features`)
+        instead of decoding their audio and computing filterbanks; augmentation is then applied in
+        the log-mel domain (`jobs.mel_augment`, an approximation of the waveform's).
     workers: processes that prepare training batches in parallel (`jobs.worker_batches`); 0
         prepares them in the learner's process. Each keeps a feature cache of `cache_mb`. Unset: one
         per CPU of the learner's but one when its step runs on a GPU, else 0 (a CPU learner's step
@@ -48,6 +51,7 @@ class DataConfig(BaseModel):
     max_utterance_seconds: float = Field(60.0, gt=0)
     cache_mb: float = Field(1024.0, gt=0)
     prefetch_batches: int = Field(2, ge=0)
+    shard_features: bool = False
     workers: int | None = Field(None, ge=0)
 
     @field_validator("train", *EVAL_SPLITS)

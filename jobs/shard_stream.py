@@ -31,7 +31,8 @@ from jobs.augment import Augment, Draws
 from jobs.batch import Batch, padded_batch
 from jobs.data import TOO_LONG, AudioError, DataError, SkipReport
 from jobs.device_features import AudioBatch
-from jobs.features import Fbank
+from jobs.features import Fbank, normalized
+from jobs.mel_augment import MelAugment
 from jobs.pipeline import HeapTrimmer, Prefetcher
 
 TOKENIZER_SENTENCES = 10_000  # transcripts a BPE tokenizer learns from: a sample, whatever the corpus's size
@@ -77,20 +78,33 @@ class StreamCorpus:
     its batches streamed (`batches`). Utterance `i` of the corpus (for augmentation's draws) is
     the i-th member over the shards in the index's order. `tokenizer` is asked for the tokenizer
     when a batch is made; with `on_device`, batches carry the waveforms and augmentation draws
-    for the learner's device to compute their features."""
+    for the learner's device to compute their features; with `shard_features`, features come from
+    the log-mel power the shards carry (augmented by `jobs.mel_augment`), no audio is decoded."""
 
     def __init__(self, source, fbank: Fbank, tokenizer: Callable, max_seconds: float = math.inf,
-                 augment: Augment | None = None, on_device: bool = False):
+                 augment: Augment | None = None, on_device: bool = False, shard_features: bool = False):
         self.source, self.shards = str(source), AudioShards(source)
         self.fbank, self.tokenizer, self.max_seconds = fbank, tokenizer, max_seconds
         self.augment = augment if augment is not None and augment.enabled else None
-        self.on_device = on_device
+        self.on_device, self.shard_features = on_device and not shard_features, shard_features
+        if shard_features:
+            self._check_features(fbank.num_mel_bins)
+        self.mel_augment = MelAugment(self.augment, fbank) if shard_features and self.augment else None
         self.counts = [self.shards.counts[name] for name in self.shards.names]
         self.first = np.concatenate([[0], np.cumsum(self.counts)]).astype(int).tolist()  # each shard's first utterance
         self.skipped, self._skipped_keys = SkipReport(), set()
 
     def __len__(self) -> int:
         return self.shards.utterances
+
+    def _check_features(self, mel_bins: int) -> None:
+        where = f"{self.source.split('?')[0]}: data.shard_features"
+        if self.shards.mel_bins is None:
+            raise DataError(f"{where} is on, but these shards carry no features (write them with "
+                            f"`chorus shards MANIFEST --out URI --features {mel_bins}`)")
+        if self.shards.mel_bins != mel_bins:
+            raise DataError(f"{where} is on, but these shards carry {self.shards.mel_bins} mel channels and "
+                            f"features.num_mel_bins is {mel_bins}")
 
     def skip(self, where: str, reason: str, key: str) -> None:
         """Count a skip once, however many epochs come across it again."""
@@ -120,20 +134,27 @@ class StreamCorpus:
         feats, waveforms, draws, kept = [], [], [], []
         for i, utt in items:
             try:
-                waveform = utt.waveform
+                source = utt.log_mel if self.shard_features else utt.waveform
             except AudioError as exc:
                 self.skip(f"{utt.id} in {self.source}/{shard} ({exc.detail})", exc.reason, f"{shard}:{utt.id}")
                 continue
             kept.append(utt)
             if self.on_device:
-                waveforms.append(waveform)
-                draws.append(self.augment.draws(epoch, i, len(waveform)) if self.augment else Draws())
-            elif self.augment is not None:
-                feats.append(self.fbank(self.augment(waveform, epoch, i), warp=self.augment.warp(epoch, i)))
+                waveforms.append(source)
+                draws.append(self.augment.draws(epoch, i, len(source)) if self.augment else Draws())
             else:
-                feats.append(self.fbank(waveform))
+                feats.append(self._features(source, utt.power, epoch, i))
         audio = AudioBatch.of(waveforms, draws) if self.on_device and kept else None
         return padded_batch(feats, [u.text for u in kept], [u.id for u in kept], self.tokenizer(), audio)
+
+    def _features(self, source, power: float, epoch: int, i: int):
+        """Utterance `i`'s features for `epoch` from its log-mel power (`shard_features`) or its
+        waveform, augmented when augmentation is on."""
+        if self.shard_features:
+            return self.mel_augment(source, power, epoch, i) if self.mel_augment else normalized(source)
+        if self.augment is not None:
+            return self.fbank(self.augment(source, epoch, i), warp=self.augment.warp(epoch, i))
+        return self.fbank(source)
 
 
 class ShardStream:

@@ -280,8 +280,8 @@ class AsrWorkload:
                 raise DataError(f"{source}: audio shards are a training source; evaluate on a manifest or folder")
             self._corpora[key] = kind(
                 source, self.fbank, lambda: self.tokenizer, self.config.data.max_utterance_seconds,
-                **({"cache": self.cache} if kind is Corpus else {}), augment=self.augment if train else None,
-                on_device=train and _on_device(self.config))
+                **({"cache": self.cache} if kind is Corpus else {"shard_features": self.config.data.shard_features}),
+                augment=self.augment if train else None, on_device=train and _on_device(self.config))
         return self._corpora[key]
 
     @property

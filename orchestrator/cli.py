@@ -118,13 +118,17 @@ def features(manifest, out, mel_bins, shard_mb):
 @click.argument("manifest", type=click.Path(exists=True, path_type=Path))
 @click.option("--out", required=True, help="A folder or a URI pyarrow.fs opens (s3://bucket/path?endpoint_override=...).")
 @click.option("--shard-mb", default=64.0, show_default=True, help="Audio bytes per shard.")
-def shards(manifest, out, shard_mb):
+@click.option("--features", "mel_bins", type=click.IntRange(min=1), default=None,
+              help="Also store each utterance's log-mel power of this many channels (features.num_mel_bins), "
+                   "for learners with data.shard_features to read instead of decoding audio.")
+def shards(manifest, out, shard_mb, mel_bins):
     """Pack MANIFEST's audio and transcripts into WebDataset-style tar shards at OUT (`shards.json`
     indexes them), for learners to stream."""
     from orchestrator.workload import workload_part
 
     try:
-        click.echo(strict_json.dumps(workload_part("asr", "shards")(manifest, out, shard_mb=shard_mb)))
+        click.echo(strict_json.dumps(workload_part("asr", "shards")(manifest, out, shard_mb=shard_mb,
+                                                                    mel_bins=mel_bins)))
     except workload_part("asr", "input_error") as exc:
         raise click.ClickException(str(exc)) from None
 

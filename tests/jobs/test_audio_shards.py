@@ -1,12 +1,14 @@
 """Audio shards (jobs/audio_shards.py, `chorus shards`): a manifest packed into tar shards at a
-folder reads back as the same utterances, texts, durations and samples, shard by shard, from the
-index's names alone; a location without shards, or one that cannot be opened, is one line."""
+folder reads back as the same utterances, texts, durations and samples (and, written with
+features, their log-mel power), shard by shard, from the index's names alone; a location without
+shards, or one that cannot be opened, is one line."""
 
 import pytest
 import torch
 
 from jobs.audio_shards import AudioShards, write_audio_shards
-from jobs.data import DataError, load_audio, read_corpus
+from jobs.data import AudioError, DataError, load_audio, read_corpus
+from jobs.features import Fbank
 
 pytestmark = pytest.mark.unit
 
@@ -34,3 +36,19 @@ def test_a_location_without_shards_or_that_cannot_be_opened_is_one_line(tmp_path
         AudioShards(tmp_path / "nowhere")
     with pytest.raises(DataError, match=r"^nosuch://bucket/x: cannot open it"):
         AudioShards("nosuch://bucket/x?endpoint_override=127.0.0.1:1")
+
+
+def test_shards_written_with_features_carry_each_utterances_log_mel_power(corpus, tmp_path):
+    write_audio_shards(corpus / "train.jsonl", tmp_path / "plain", shard_mb=0.5)
+    write_audio_shards(corpus / "train.jsonl", tmp_path / "mel", shard_mb=0.5, mel_bins=40)
+    plain, mel = AudioShards(tmp_path / "plain"), AudioShards(tmp_path / "mel")
+    assert (plain.mel_bins, mel.mel_bins) == (None, 40) and plain.counts == mel.counts
+    read = {u.id: u for name in mel.names for u in mel.read(name)}
+    fbank = Fbank(40)
+    for utt in read_corpus(corpus / "train.jsonl")[0][::20]:
+        waveform = load_audio(utt.path)
+        assert torch.allclose(read[utt.id].log_mel, fbank.log_mel(waveform), atol=0.02)  # float16
+        assert read[utt.id].power == pytest.approx(float(waveform.pow(2).mean()), rel=1e-6)
+        assert torch.equal(read[utt.id].waveform, waveform)  # the audio is still there
+    with pytest.raises(AudioError, match="no features"):
+        next(plain.read(plain.names[0])).log_mel  # noqa: B018

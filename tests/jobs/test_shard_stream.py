@@ -9,7 +9,7 @@ import tarfile
 import pytest
 import torch
 
-from jobs.audio_shards import AudioShards, write_audio_shards
+from jobs.audio_shards import AudioShards, ShardUtterance, write_audio_shards
 from jobs.data import DataError
 from jobs.sections import WorkloadConfig
 from jobs.shard_stream import CUT_SHORT, UNREADABLE_SHARD, plan_shards
@@ -145,3 +145,41 @@ def test_learners_streaming_shards_train_every_utterance_once_across_a_resume_an
     assert summary["samples"] == 4 * 160 and summary["skipped_utterances"] == {}
     assert [r["epoch"] for r in resumed.evals] == [1, 2, 3, 4] and summary["learners"] == 3  # the curve goes on
     assert_nothing_left("streamed-", within=30.0)
+
+
+@pytest.mark.unit
+def test_a_stream_of_shard_features_gives_the_audios_features_without_decoding_it(corpus, tmp_path, monkeypatch):
+    out = tmp_path / "mel"
+    write_audio_shards(corpus / "train.jsonl", out, shard_mb=0.3, mel_bins=40)
+    features = {"num_mel_bins": 40}
+    listed = AsrWorkload(WorkloadConfig(data={"train": corpus / "train.jsonl"}, features=features)).train
+    by_id = {u.id: i for i, u in enumerate(listed.utterances)}
+
+    def no_decoding(self):
+        raise AssertionError(f"{self.id}'s audio was decoded")
+
+    monkeypatch.setattr(ShardUtterance, "waveform", property(no_decoding))
+    streamed = AsrWorkload(WorkloadConfig(data={"train": out, "max_batch_seconds": 10, "prefetch_batches": 0,
+                                                "shard_features": True}, features=features))
+    seen = []
+    for batch in streamed.batches(0, 1, 0):
+        for row, utt_id in enumerate(batch.ids):
+            expected = listed.features(by_id[utt_id])
+            assert torch.allclose(batch.feats[row, :len(expected)], expected, atol=0.02)  # float16 log-mels
+        seen += batch.ids
+    assert sorted(seen) == sorted(by_id)
+    augmented = AsrWorkload(WorkloadConfig(data={"train": out, "shard_features": True}, features=features,
+                                           augment={"speed_factors": [0.9], "noise_prob": 0.5}))
+    batch = next(iter(augmented.batches(0, 1, 0)))
+    assert batch.feats.shape[1] > next(iter(streamed.batches(0, 1, 0))).feats.shape[1]  # slower: more frames
+
+
+@pytest.mark.unit
+def test_shard_features_asked_of_shards_without_them_or_of_another_size_are_one_line(shards, tmp_path, corpus):
+    with pytest.raises(DataError, match=r"train: data.shard_features is on, but these shards carry no features "
+                                        r"\(write them with `chorus shards MANIFEST --out URI --features 80`\)$"):
+        _workload(shards, shard_features=True).check_data()
+    write_audio_shards(corpus / "train.jsonl", tmp_path / "mel", shard_mb=0.3, mel_bins=40)
+    with pytest.raises(DataError, match=r"mel: data.shard_features is on, but these shards carry 40 mel channels "
+                                        r"and features.num_mel_bins is 80$"):
+        _workload(tmp_path / "mel", shard_features=True).check_data()

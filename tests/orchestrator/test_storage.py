@@ -123,6 +123,11 @@ def test_chorus_shards_writes_a_corpus_to_s3_and_it_streams_back_from_the_index(
     assert sorted(ids) == sorted(u.id for u in read)  # two learners streaming from S3: each utterance once
     with pytest.raises(DataError, match=r"^s3://chorus/shards/nothing: no shards.json there"):
         AsrWorkload(WorkloadConfig(data={"train": uri(s3, "shards/nothing")})).check_data()
+    with_mel = CliRunner().invoke(main, ["shards", str(corpus / "dev.jsonl"), "--out", uri(s3, "shards/dev-mel"),
+                                         "--features", "40"])
+    assert with_mel.exit_code == 0 and json.loads(with_mel.output)["mel_bins"] == 40, with_mel.output
+    mel = AudioShards(uri(s3, "shards/dev-mel"))
+    assert all(u.log_mel.shape[1] == 40 for name in mel.names for u in mel.read(name))
     missing = CliRunner().invoke(main, ["shards", str(corpus / "dev.jsonl"), "--out", "nosuch://x/y"])
     assert missing.exit_code == 1 and missing.output.startswith("Error: nosuch://x/y: cannot open it")
     with pytest.raises(DataError, match="s3://chorus/shards/none: no shards.json there"):
