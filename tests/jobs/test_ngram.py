@@ -47,10 +47,14 @@ def test_an_arpa_file_reads_back_the_same_model_and_a_malformed_one_is_refused_b
         NgramModel.read_arpa(tmp_path / "bad.arpa")
 
 
-def test_the_language_model_turns_an_acoustically_likelier_misspelling_into_the_right_word():
-    tok = CharTokenizer()
-    spoken = "the cat sat on the mad"  # the last sound heard as "d" (-0.2) rather than "t" (-1.8)
-    units = tok.encode(spoken).tolist()
+SPOKEN = "the cat sat on the mad"  # the last sound heard as "d" (-0.2) rather than "t" (-1.8)
+WORDS = ["the", "cat", "sat", "on", "mat", "mad", "hat", "dog", "a"]
+
+
+def _heard_mad(tok: CharTokenizer) -> tuple[torch.Tensor, torch.Tensor]:
+    """CTC log-probabilities (1, frames, units) and lengths of SPOKEN, its final "d" with "t"
+    second likeliest: two frames a unit, then a blank."""
+    units = tok.encode(SPOKEN).tolist()
     frames = torch.tensor([f for unit in units for f in (unit, unit, BLANK)])
     log_probs = torch.full((1, len(frames), tok.vocab_size), -9.0)
     log_probs[..., BLANK] = -3.0
@@ -58,32 +62,27 @@ def test_the_language_model_turns_an_acoustically_likelier_misspelling_into_the_
     last = len(frames) - 3  # the two frames of the final "d"
     log_probs[0, last:last + 2, tok.encode("t")[0]] = -1.8
     log_probs[0, last:last + 2, tok.encode("d")[0]] = -0.2
-    log_probs = log_probs.log_softmax(-1)
-    lengths = torch.tensor([len(frames)])
-    words = ["the", "cat", "sat", "on", "mat", "mad", "hat", "dog", "a"]
-    assert greedy_decode(log_probs, lengths, tok) == [spoken]
-    assert LexiconDecoder(tok, words)(log_probs, lengths) == [spoken]  # both are words: the lexicon cannot tell
-    assert LexiconDecoder(tok, words, lm=_model(), lm_weight=1.0)(log_probs, lengths) == ["the cat sat on the mat"]
+    return log_probs.log_softmax(-1), torch.tensor([len(frames)])
+
+
+def test_the_language_model_turns_an_acoustically_likelier_misspelling_into_the_right_word():
+    tok = CharTokenizer()
+    log_probs, lengths = _heard_mad(tok)
+    assert greedy_decode(log_probs, lengths, tok) == [SPOKEN]
+    assert LexiconDecoder(tok, WORDS)(log_probs, lengths) == [SPOKEN]  # both are words: the lexicon cannot tell
+    assert LexiconDecoder(tok, WORDS, lm=_model(), lm_weight=1.0)(log_probs, lengths) == ["the cat sat on the mat"]
     assert math.isfinite(_model().logprob(("the",), "mad"))  # "mad" is unknown to the text: <unk>, not -inf
 
 
 def test_beam_tokens_bounds_the_units_a_hypothesis_grows_by_per_frame():
     tok = CharTokenizer()
-    units = tok.encode("the cat sat on the mad").tolist()
-    frames = torch.tensor([f for unit in units for f in (unit, unit, BLANK)])
-    log_probs = torch.full((1, len(frames), tok.vocab_size), -9.0)
-    log_probs[..., BLANK] = -3.0
-    log_probs[0, torch.arange(len(frames)), frames] = -0.05
-    log_probs[0, -3:-1, tok.encode("t")[0]] = -1.8  # "t" second likeliest where "d" was heard
-    log_probs[0, -3:-1, tok.encode("d")[0]] = -0.2
-    log_probs, lengths = log_probs.log_softmax(-1), torch.tensor([len(frames)])
-    words = ["the", "cat", "sat", "on", "mat", "mad", "hat", "dog", "a"]
+    log_probs, lengths = _heard_mad(tok)
 
     def decoded(beam_tokens: int) -> list[str]:
-        return LexiconDecoder(tok, words, lm=_model(), lm_weight=1.0, beam_tokens=beam_tokens)(log_probs, lengths)
+        return LexiconDecoder(tok, WORDS, lm=_model(), lm_weight=1.0, beam_tokens=beam_tokens)(log_probs, lengths)
 
     assert decoded(2) == ["the cat sat on the mat"]  # "t" is among the 2 units tried: the LM's word wins
-    assert decoded(1) == ["the cat sat on the mad"]  # only the likeliest unit: the LM never sees "mat"
+    assert decoded(1) == [SPOKEN]  # only the likeliest unit: the LM never sees "mat"
 
 
 def test_chorus_lm_models_a_manifests_transcripts_and_decoding_kind_lm_uses_it(corpus, tmp_path):
