@@ -17,7 +17,11 @@ With `--shard-features` the training shards carry log-mels (`chorus shards --fea
 learners read them (`data.shard_features`), augmenting in the log-mel domain: no audio decoded and
 no filterbanks computed in training.
 
+Each run records the commit it ran at; `--first-seed 1 --repeats 2 --keep-runs` adds seeds 1-2 to
+an earlier file's seed 0 (refused unless the corpus is the same), the median then over all three.
+
 Usage: .venv/bin/python bench/openvocab.py [--repeats 3] [--wall-seconds 1800] [--hours 20] [--shard-features]
+       [--first-seed 0] [--keep-runs]
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -52,6 +57,8 @@ WORK = ROOT / "bench" / "work" / "openvocab"
 RECIPE = ROOT / "jobs" / "configs" / "openvocab.yaml"
 SPLITS = ("test", "test_unseen", "test_unseen_engine")
 DECODERS = ("greedy", "lm")
+COMMIT = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                        text=True).stdout.strip()  # each run records it
 TARGETS = {"wer_test_lm": 25.0, "wer_test_unseen_engine_lm": 40.0, "lm_relative_gain_test": 0.20}
 
 
@@ -101,11 +108,21 @@ def run_once(repeat: int, corpus: Path, wall_seconds: float, runs: list, shard_f
         outcome = TrainingJob(spec, out, overwrite=True).run()
     finally:
         ray.shutdown()
-    run = {"seed": repeat, **{k: outcome[k] for k in ("epochs", "samples_per_s", "wall_s", "startup_s")},
+    run = {"seed": repeat, "commit": COMMIT,
+           **{k: outcome[k] for k in ("epochs", "samples_per_s", "wall_s", "startup_s")},
            "skipped": outcome["skipped_utterances"], **scores(spec, out)}
     runs.append(run)
     print("[openvocab] " + json.dumps(run), flush=True)
     return run["wer_test_lm"]
+
+
+def kept_runs(results: Path, corpus: Path, seeds: range) -> list[dict]:
+    """The runs of other seeds in an earlier results file, each marked with the commit it names (or
+    "earlier"); refused unless that file's corpus is the one made now (the same counts, hours and OOV)."""
+    earlier = json.loads(results.read_text())
+    if earlier["corpus"] != json.loads((corpus / "corpus.json").read_text()):
+        raise SystemExit(f"{results}: its runs were of another corpus than {corpus}; not kept")
+    return [{**r, "commit": r.get("commit", "earlier")} for r in earlier["runs"] if r["seed"] not in seeds]
 
 
 def plot(result: dict, path: Path) -> None:
@@ -140,6 +157,10 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--wall-seconds", type=float, default=1800.0)
     parser.add_argument("--hours", type=float, default=20.0)
+    parser.add_argument("--first-seed", type=int, default=0, help="the runs' seeds: first-seed, first-seed + 1, ...")
+    parser.add_argument("--keep-runs", action="store_true",
+                        help="keep the runs of other seeds in the results file (the corpus must be the same) and "
+                             "take the median over all of them")
     parser.add_argument("--shard-features", action="store_true",
                         help="train on shards carrying log-mels (data.shard_features), augmented in that domain; "
                              "writes openvocab-shard-features.json")
@@ -148,9 +169,12 @@ def main() -> int:
     started = time.time()
     mel_bins = load_spec(RECIPE, [], check_paths=False).workload_config.features.num_mel_bins
     corpus = prepare(args.hours, mel_bins=mel_bins if args.shard_features else None)
-    runs: list[dict] = []
-    for repeat in range(args.repeats):  # one recipe: nothing to interleave with
-        run_once(repeat, corpus, args.wall_seconds, runs, args.shard_features)
+    out = RESULTS / f"openvocab{'-shard-features' if args.shard_features else ''}.json"
+    seeds = range(args.first_seed, args.first_seed + args.repeats)
+    runs = kept_runs(out, corpus, seeds) if args.keep_runs else []
+    for seed in seeds:  # one recipe: nothing to interleave with
+        run_once(seed, corpus, args.wall_seconds, runs, args.shard_features)
+    runs.sort(key=lambda r: r["seed"])
     figures = {key: summary([r[key] for r in runs], 4) for key in runs[0]
                if isinstance(runs[0][key], (int, float)) and key != "seed"}
     checks = {"wer_test_lm": figures["wer_test_lm"]["median"] <= TARGETS["wer_test_lm"],
@@ -159,10 +183,10 @@ def main() -> int:
               "lm_relative_gain_test": figures["lm_relative_gain_test"]["median"] >= TARGETS["lm_relative_gain_test"]}
     result = {"benchmark": "openvocab", "learners": 2, "group": "allreduce", "wall_seconds": args.wall_seconds,
               "shard_features": args.shard_features,
-              "repeats": args.repeats, "corpus": json.loads((corpus / "corpus.json").read_text()),
+              "repeats": len(runs), "corpus": json.loads((corpus / "corpus.json").read_text()),
               "figures": figures, "runs": runs, "targets": TARGETS, "checks": checks,
               "wall_s": round(time.time() - started, 1), "passed": all(checks.values())}
-    write_results(RESULTS / f"openvocab{'-shard-features' if args.shard_features else ''}.json", result, plot)
+    write_results(out, result, plot)
     print(json.dumps({k: v["median"] for k, v in figures.items()}), "passed", result["passed"])
     return 0 if result["passed"] else 1
 
