@@ -29,7 +29,8 @@ demo: $(STAMP) $(DEMO_DATA)/corpus.json
 	  $$(test -f $(DEMO_DATA)/test-unseen-engine.jsonl && echo --set data.test_unseen_engine=$(DEMO_DATA)/test-unseen-engine.jsonl)
 
 # Debian's Festival and its English voices, the corpus's second speech engine (`chorus synth` makes an
-# espeak-ng-only corpus without them, saying so), and fortunes, the openvocab task's sentences
+# espeak-ng-only corpus without them, saying so), fortunes, the openvocab task's sentences, and flite,
+# a third engine that speaks only when named (`chorus synth --engines espeak,festival,flite`)
 FESTIVAL_PACKAGES := festival festvox-kallpc16k festvox-kdlpc16k festvox-us-slt-hts
 APT_INSTALL = SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo -n); ($$SUDO apt-get update -qq && \
 	DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq
@@ -38,6 +39,8 @@ speech-deps:
 	    >/dev/null 2>&1 || echo "make: could not install Debian's Festival; corpora will be espeak-ng only"; }
 	@test -d /usr/share/games/fortunes || { $(APT_INSTALL) fortunes) \
 	    >/dev/null 2>&1 || echo "make: could not install Debian's fortunes; no openvocab corpus (chorus synth --task)"; }
+	@command -v flite >/dev/null || { $(APT_INSTALL) flite) \
+	    >/dev/null 2>&1 || echo "make: could not install Debian's flite; no corpus with --engines espeak,festival,flite"; }
 
 # Debian's prometheus, for the test that runs the Grafana dashboard's queries, and Festival, for the
 # synthesizer's tests of it (each test is skipped, saying why, when its package cannot be installed)

@@ -17,11 +17,15 @@ With `--shard-features` the training shards carry log-mels (`chorus shards --fea
 learners read them (`data.shard_features`), augmenting in the log-mel domain: no audio decoded and
 no filterbanks computed in training.
 
+With `--engines espeak,festival,flite` the corpus has CMU flite's clustergen voices in training as
+well (`jobs/synth.py`; its own corpus folder, `-flite` in the results' names): whether a third
+engine's voices in training bring the held-out engine nearer.
+
 Each run records the commit it ran at; `--first-seed 1 --repeats 2 --keep-runs` adds seeds 1-2 to
 an earlier file's seed 0 (refused unless the corpus is the same), the median then over all three.
 
 Usage: .venv/bin/python bench/openvocab.py [--repeats 3] [--wall-seconds 1800] [--hours 20] [--shard-features]
-       [--first-seed 0] [--keep-runs]
+       [--first-seed 0] [--keep-runs] [--engines auto|espeak,festival,flite]
 """
 
 from __future__ import annotations
@@ -62,18 +66,22 @@ COMMIT = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, captu
 TARGETS = {"wer_test_lm": 25.0, "wer_test_unseen_engine_lm": 40.0, "lm_relative_gain_test": 0.20}
 
 
-def prepare(hours: float, seed: int = 0, mel_bins: int | None = None) -> Path:
+def prepare(hours: float, seed: int = 0, mel_bins: int | None = None, engines: str = "auto") -> Path:
     """The corpus, its training shards (with `mel_bins`: carrying log-mels, in `shards-features`)
     and its trigram model (each made once)."""
-    corpus = WORK / f"corpus-{hours:g}h-{seed}"
+    corpus = WORK / f"corpus-{hours:g}h-{seed}{flite_tag(engines)}"
     if not (corpus / "corpus.json").is_file():
-        synthesize(corpus, eval_utterances=400, seed=seed, task="openvocab", hours=hours)
+        synthesize(corpus, eval_utterances=400, seed=seed, task="openvocab", hours=hours, engines=engines)
     shards = corpus / ("shards-features" if mel_bins else "shards")
     if not (shards / "shards.json").is_file():
         write_audio_shards(corpus / "train.jsonl", shards, shard_mb=64, mel_bins=mel_bins)
     if not (corpus / "lm.arpa").is_file():
         write_lm(corpus / "train.jsonl", corpus / "lm.arpa", 3)
     return corpus
+
+
+def flite_tag(engines: str) -> str:
+    return "-flite" if "flite" in engines else ""
 
 
 def overrides(corpus: Path, wall_seconds: float, seed: int, shard_features: bool = False) -> list[str]:
@@ -100,15 +108,16 @@ def scores(spec, run: Path) -> dict:
     return found
 
 
-def run_once(repeat: int, corpus: Path, wall_seconds: float, runs: list, shard_features: bool = False) -> float:
+def run_once(seed: int, corpus: Path, wall_seconds: float, runs: list, shard_features: bool = False,
+             tag: str = "") -> float:
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    out = WORK / f"run{'-features' if shard_features else ''}-{repeat}"
+    out = WORK / f"run{'-features' if shard_features else ''}{tag}-{seed}"
     try:
-        spec = load_spec(RECIPE, overrides(corpus, wall_seconds, repeat, shard_features))
+        spec = load_spec(RECIPE, overrides(corpus, wall_seconds, seed, shard_features))
         outcome = TrainingJob(spec, out, overwrite=True).run()
     finally:
         ray.shutdown()
-    run = {"seed": repeat, "commit": COMMIT,
+    run = {"seed": seed, "commit": COMMIT,
            **{k: outcome[k] for k in ("epochs", "samples_per_s", "wall_s", "startup_s")},
            "skipped": outcome["skipped_utterances"], **scores(spec, out)}
     runs.append(run)
@@ -142,7 +151,8 @@ def plot(result: dict, path: Path) -> None:
         ax.hlines(target, x - 0.45, x + 0.45, color="red", ls=":", lw=1)
     ax.set_xticks(range(len(SPLITS)), ["test (seen voices)", "test-unseen (voices)", "test-unseen-engine"])
     ax.set_ylabel("WER (%), median and IQR")
-    features = ", shard features" if result.get("shard_features") else ""
+    features = (", shard features" if result.get("shard_features") else "") + (
+        ", " + "+".join(result["corpus"]["engines"]) if "flite" in result["corpus"]["engines"] else "")
     ax.set_title(f"openvocab.yaml{features}, 2 learners, {result['wall_seconds']:g} s, {result['repeats']} runs; "
                  f"{result['corpus']['splits']['train']['hours']:.1f} h; test OOV "
                  f"{100 * result['corpus']['oov_rate_test']:.1f}%", fontsize=9)
@@ -164,16 +174,19 @@ def main() -> int:
     parser.add_argument("--shard-features", action="store_true",
                         help="train on shards carrying log-mels (data.shard_features), augmented in that domain; "
                              "writes openvocab-shard-features.json")
+    parser.add_argument("--engines", choices=["auto", "espeak,festival,flite"], default="auto",
+                        help="the corpus's engines (chorus synth --engines); flite's go in a corpus of their own")
     args = parser.parse_args()
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # throwaway local instances
     started = time.time()
     mel_bins = load_spec(RECIPE, [], check_paths=False).workload_config.features.num_mel_bins
-    corpus = prepare(args.hours, mel_bins=mel_bins if args.shard_features else None)
-    out = RESULTS / f"openvocab{'-shard-features' if args.shard_features else ''}.json"
+    corpus = prepare(args.hours, mel_bins=mel_bins if args.shard_features else None, engines=args.engines)
+    tag = flite_tag(args.engines)
+    out = RESULTS / f"openvocab{'-shard-features' if args.shard_features else ''}{tag}.json"
     seeds = range(args.first_seed, args.first_seed + args.repeats)
     runs = kept_runs(out, corpus, seeds) if args.keep_runs else []
     for seed in seeds:  # one recipe: nothing to interleave with
-        run_once(seed, corpus, args.wall_seconds, runs, args.shard_features)
+        run_once(seed, corpus, args.wall_seconds, runs, args.shard_features, tag)
     runs.sort(key=lambda r: r["seed"])
     figures = {key: summary([r[key] for r in runs], 4) for key in runs[0]
                if isinstance(runs[0][key], (int, float)) and key != "seed"}

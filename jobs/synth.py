@@ -16,8 +16,10 @@ manifest, `duration`, `text`).
 
 Splits: `train`, `dev` and `test` use the training voices (dev and test with sentences not in
 train); `test-unseen` uses espeak-ng voices never heard in training; `test-unseen-engine` (with
-Festival only) a synthesizer never heard in training. Everything is a function of the seed and of
-the engines used (`corpus.json` names them).
+Festival only) a synthesizer never heard in training. With `engines="espeak,festival,flite"`, CMU's
+flite speaks too: two of its clustergen voices (statistical parametric synthesis like HTS's, by
+another engine and other speakers than the held-out one) join the training voices. Everything is
+a function of the seed and of the engines used (`corpus.json` names them).
 """
 
 from __future__ import annotations
@@ -61,6 +63,11 @@ FESTIVAL_TRAIN_VOICES = ["festival:kal_diphone", "festival:ked_diphone"]
 UNSEEN_ENGINE_VOICES = ["festival:cmu_us_slt_arctic_hts"]
 FESTIVAL_SHARE = 0.3  # of the training splits' utterances, spoken by Festival when it is there
 FESTIVAL_PACKAGES = "festival festvox-kallpc16k festvox-kdlpc16k festvox-us-slt-hts"
+# flite's voices ("flite:<name>"), only when asked for: its clustergen voices of speakers other than
+# the held-out HTS voice's (flite's slt is that speaker; its kal16 is Festival's kal)
+FLITE_TRAIN_VOICES = ["flite:awb", "flite:rms"]
+FLITE_SHARE = 0.15  # more of the training splits' utterances spoken by another engine than espeak-ng
+FLITE_PACKAGES = "flite"
 
 SPLITS = ("train", "dev", "test", "test-unseen", "test-unseen-engine")
 SAMPLE_RATE = 16_000
@@ -185,8 +192,46 @@ class Festival:
             return out
 
 
+class Flite:
+    """CMU's flite, a process per utterance writing a RIFF file (int16 at 16 kHz) read back. Its
+    speaking rate is `duration_stretch`, as Festival's; pitch is shifted afterwards (`render`)."""
+
+    @staticmethod
+    def voices() -> set[str]:
+        """The voices flite has built in ("flite:<name>"); none when flite is not installed."""
+        if shutil.which("flite") is None:
+            return set()
+        proc = subprocess.run(["flite", "-lv"], capture_output=True, text=True, timeout=60)
+        return {f"flite:{name}" for name in proc.stdout.partition(":")[2].split()} if proc.returncode == 0 else set()
+
+    @staticmethod
+    def speak_all(items: list[tuple[str, str, str, float]]) -> dict[str, tuple[np.ndarray, int]]:
+        """(key, text, voice, duration stretch) -> {key: (int16 waveform, its sample rate)}."""
+        out = {}
+        with tempfile.TemporaryDirectory(prefix="chorus-flite-") as tmp:
+            for n, (key, text, voice, stretch) in enumerate(items):
+                path = Path(tmp) / f"{n}.wav"
+                proc = subprocess.run(["flite", "-voice", voice.removeprefix("flite:"), "--setf",
+                                       f"duration_stretch={stretch:.4f}", "-t", text, "-o", str(path)],
+                                      capture_output=True, text=True, timeout=60)
+                if not path.is_file() or path.stat().st_size <= 44:
+                    raise SynthError(f"flite produced no audio for {key} ({text!r}, {voice}): "
+                                     f"{proc.stderr.strip()[-300:] or f'exit {proc.returncode}'}")
+                wav, rate = sf.read(str(path), dtype="int16")
+                out[key] = (wav if wav.ndim == 1 else wav[:, 0], rate)
+        return out
+
+
+EXTERNAL_ENGINES = {"festival:": Festival, "flite:": Flite}  # voice prefix -> engine run as a process
+
+
 def is_festival(voice: str) -> bool:
     return voice.startswith("festival:")
+
+
+def is_external(voice: str) -> bool:
+    """Spoken by a process of its own (Festival, flite), not by espeak-ng in this one."""
+    return voice.startswith(tuple(EXTERNAL_ENGINES))
 
 
 @dataclass(frozen=True)
@@ -209,9 +254,9 @@ class UtterancePlan:
 
 
 def plan_corpus(utterances: int, eval_utterances: int, seed: int, festival: bool = False,
-                text: TextSplit | None = None) -> list[UtterancePlan]:
-    """Every utterance's split, voice and sentence, from the seed (and whether Festival speaks)
-    alone. Sentences of the evaluation splits never occur in train. Without Festival there is no
+                text: TextSplit | None = None, flite: bool = False) -> list[UtterancePlan]:
+    """Every utterance's split, voice and sentence, from the seed (and whether Festival, and with
+    it flite, speak) alone. Sentences of the evaluation splits never occur in train. Without Festival there is no
     `test-unseen-engine` split, and the plan is the one espeak-ng alone always had. With `text`
     (the `openvocab` task) the sentences are its own: train's in an order shuffled by the seed,
     again in a new order when there are more utterances than sentences (each time another voice
@@ -233,7 +278,9 @@ def plan_corpus(utterances: int, eval_utterances: int, seed: int, festival: bool
 
     splits = SPLITS if festival else SPLITS[:-1]
     counts = {split: utterances if split == "train" else eval_utterances for split in splits}
-    train_voices = TRAIN_VOICES + (FESTIVAL_TRAIN_VOICES if festival else [])
+    others = FESTIVAL_TRAIN_VOICES + (FLITE_TRAIN_VOICES if flite else [])  # spoken by other engines
+    train_voices = TRAIN_VOICES + (others if festival else [])
+    share = FESTIVAL_SHARE + (FLITE_SHARE if flite else 0.0)
     voices_of = {"test-unseen": UNSEEN_VOICES, "test-unseen-engine": UNSEEN_ENGINE_VOICES}
     first_speakers = {"test-unseen": 1000 + len(train_voices),
                       "test-unseen-engine": 1000 + len(train_voices) + len(UNSEEN_VOICES)}
@@ -243,9 +290,9 @@ def plan_corpus(utterances: int, eval_utterances: int, seed: int, festival: bool
         first_speaker = first_speakers.get(split, 1000)
         per_speaker: dict[int, int] = {}
         for sentence in sentences(split, counts[split]):
-            if festival and voices is train_voices:  # FESTIVAL_SHARE of these utterances are Festival's
-                pick = rng.random() < FESTIVAL_SHARE
-                v = (len(TRAIN_VOICES) + int(rng.integers(len(FESTIVAL_TRAIN_VOICES))) if pick
+            if festival and voices is train_voices:  # `share` of these utterances are the other engines'
+                pick = rng.random() < share
+                v = (len(TRAIN_VOICES) + int(rng.integers(len(others))) if pick
                      else int(rng.integers(len(TRAIN_VOICES))))
             else:
                 v = int(rng.integers(len(voices)))
@@ -285,25 +332,26 @@ def festival_pitch(pitch: int) -> Fraction:
 
 
 def festival_stretch(rate_wpm: int, pitch: int) -> float:
-    """Festival's Duration_Stretch for a speaking rate (1 at 170 words a minute, the range's middle),
-    lengthened by the pitch ratio that `render`'s resampling will shorten it by."""
+    """Festival's Duration_Stretch (and flite's duration_stretch) for a speaking rate (1 at 170 words
+    a minute, the range's middle), lengthened by the pitch ratio that `render`'s resampling will
+    shorten it by."""
     return 170 / rate_wpm * float(festival_pitch(pitch))
 
 
-def render(engine: Espeak | None, plan: UtterancePlan, festival: tuple[np.ndarray, int] | None = None) -> np.ndarray:
+def render(engine: Espeak | None, plan: UtterancePlan, external: tuple[np.ndarray, int] | None = None) -> np.ndarray:
     """One utterance as float32 at 16 kHz: varied rate and pitch, padded with silence, scaled, noise
-    added. An espeak-ng voice is spoken by `engine`; a Festival voice's audio comes in as `festival`
-    (`Festival.speak_all`, at the rate `_prosody` drew), and its pitch is raised or lowered here
+    added. An espeak-ng voice is spoken by `engine`; a Festival or flite voice's audio comes in as
+    `external` (`speak_all`, at the rate `_prosody` drew), and its pitch is raised or lowered here
     (`festival_pitch`)."""
     rng, rate_wpm, pitch = _prosody(plan)
-    if festival is None:
+    if external is None:
         pcm, rate = engine.speak(plan.text, plan.voice, rate_wpm=rate_wpm, pitch=pitch, noise_seed=plan.seed), \
             engine.sample_rate
     else:
-        pcm, rate = festival
+        pcm, rate = external
     if pcm.size == 0:
         raise SynthError(f"{plan.voice} produced no audio for {plan.utt_id} ({plan.text!r})")
-    shift = festival_pitch(pitch) if festival is not None else Fraction(1)
+    shift = festival_pitch(pitch) if external is not None else Fraction(1)
     wav = torchaudio.functional.resample(torch.from_numpy(pcm.astype(np.float32) / 32768.0),
                                          rate * shift.numerator, SAMPLE_RATE * shift.denominator).numpy()
     pad = lambda: np.zeros(int(rng.uniform(0.05, 0.3) * SAMPLE_RATE), np.float32)  # noqa: E731
@@ -326,12 +374,14 @@ def _write_chunk(job: tuple[list[UtterancePlan], str]) -> list[tuple[str, float]
     only on the seed, not on the number of workers or on scheduling."""
     plans, out = job
     torch.set_num_threads(1)
-    festival = Festival.speak_all([(p.utt_id, p.text, p.voice, festival_stretch(*_prosody(p)[1:]))
-                                   for p in plans if is_festival(p.voice)])
-    engine = Espeak() if any(not is_festival(p.voice) for p in plans) else None
+    external = {}
+    for prefix, spoken_by in EXTERNAL_ENGINES.items():
+        external |= spoken_by.speak_all([(p.utt_id, p.text, p.voice, festival_stretch(*_prosody(p)[1:]))
+                                         for p in plans if p.voice.startswith(prefix)])
+    engine = Espeak() if any(not is_external(p.voice) for p in plans) else None
     written = []
     for plan in plans:
-        wav = render(engine, plan, festival.get(plan.utt_id))
+        wav = render(engine, plan, external.get(plan.utt_id))
         path = Path(out) / plan.relpath
         path.parent.mkdir(parents=True, exist_ok=True)
         sf.write(path, wav, SAMPLE_RATE, format="FLAC", subtype="PCM_16")
@@ -341,17 +391,19 @@ def _write_chunk(job: tuple[list[UtterancePlan], str]) -> list[tuple[str, float]
 
 def check_voices(voices: list[str]) -> None:
     """Fail early, naming every voice its engine does not have."""
-    engine, festival = Espeak(), Festival.voices() if any(map(is_festival, voices)) else set()
-    missing = [v for v in voices if not (v in festival if is_festival(v) else engine.has_voice(v))]
+    engine, known = Espeak(), {v for prefix, spoken_by in EXTERNAL_ENGINES.items()
+                               if any(v.startswith(prefix) for v in voices) for v in spoken_by.voices()}
+    missing = [v for v in voices if not (v in known if is_external(v) else engine.has_voice(v))]
     if missing:
         raise SynthError(f"voices not found: {', '.join(missing)}")
 
 
 def use_festival(engines: str) -> bool:
-    """Whether Festival speaks: `engines` is "espeak", "espeak,festival" (an error without it) or
-    "auto" (Festival when all its voices are installed; otherwise a message says what is missing)."""
-    if engines not in ("auto", "espeak", "espeak,festival"):
-        raise SynthError(f"engines: expected auto, espeak or espeak,festival, got {engines!r}")
+    """Whether Festival speaks: `engines` is "espeak", "espeak,festival" or "espeak,festival,flite"
+    (an error without it) or "auto" (Festival when all its voices are installed; otherwise a message
+    says what is missing)."""
+    if engines not in ENGINE_CHOICES:
+        raise SynthError(f"engines: expected one of {', '.join(ENGINE_CHOICES)}, got {engines!r}")
     if engines == "espeak":
         return False
     missing = sorted(set(FESTIVAL_TRAIN_VOICES + UNSEEN_ENGINE_VOICES) - Festival.voices())
@@ -361,6 +413,19 @@ def use_festival(engines: str) -> bool:
     elif missing:
         raise SynthError(f"Festival voices not installed: {', '.join(missing)} (apt-get install {FESTIVAL_PACKAGES})")
     return not missing
+
+
+def use_flite(engines: str) -> bool:
+    """Whether flite speaks too: only when `engines` names it (an error when it is not installed)."""
+    if engines != "espeak,festival,flite":
+        return False
+    missing = sorted(set(FLITE_TRAIN_VOICES) - Flite.voices())
+    if missing:
+        raise SynthError(f"flite voices not installed: {', '.join(missing)} (apt-get install {FLITE_PACKAGES})")
+    return True
+
+
+ENGINE_CHOICES = ("auto", "espeak", "espeak,festival", "espeak,festival,flite")
 
 
 def _pool_context():
@@ -376,7 +441,8 @@ def synthesize(out: str | Path, utterances: int = 2000, eval_utterances: int | N
                seed: int = 0, workers: int | None = None, progress: bool = True, engines: str = "auto",
                task: str = "commands", hours: float | None = None, oov_share: float = 0.02) -> dict:
     """Write the corpus under `out`; returns a summary (counts and hours per split, engines,
-    voices; for `openvocab`, the test's out-of-vocabulary rate). `engines`: see `use_festival`.
+    voices; for `openvocab`, the test's out-of-vocabulary rate). `engines`: see `use_festival`
+    and `use_flite`.
     `task`: `commands` or `openvocab` (`jobs/open_text.py`; `oov_share` of its test words held
     out of training text); `hours`: as many training utterances as make about that much speech
     (instead of `utterances`).
@@ -395,7 +461,7 @@ def synthesize(out: str | Path, utterances: int = 2000, eval_utterances: int | N
     eval_utterances = eval_utterances if eval_utterances is not None else (
         OPEN_EVAL_UTTERANCES if text is not None else max(20, utterances // 10))
     festival = use_festival(engines)
-    plans = plan_corpus(utterances, eval_utterances, seed, festival, text)
+    plans = plan_corpus(utterances, eval_utterances, seed, festival, text, flite=festival and use_flite(engines))
     check_voices(sorted({p.voice for p in plans}))
     out.mkdir(parents=True, exist_ok=True)
     workers = workers or min(mp.cpu_count(), 8)
@@ -438,7 +504,8 @@ def _write_indexes(out: Path, plans: list[UtterancePlan], durations: dict[str, f
     splits = [split for split in SPLITS if any(p.split == split for p in plans)]
     voices = {split: sorted({p.voice for p in plans if p.split == split}) for split in splits}
     summary = {"seed": seed, "sample_rate": SAMPLE_RATE, "splits": {},
-               "engines": ["espeak-ng"] + (["festival"] if any(is_festival(p.voice) for p in plans) else []),
+               "engines": ["espeak-ng"] + [prefix.rstrip(":") for prefix in EXTERNAL_ENGINES
+                                            if any(p.voice.startswith(prefix) for p in plans)],
                "voices": {"train": voices["train"], **{s: voices[s] for s in splits if s.startswith("test-unseen")}}}
     for split in splits:
         rows = [p for p in plans if p.split == split]

@@ -9,6 +9,7 @@ import soundfile as sf
 from jobs.open_text import FORTUNES, sentences, spell_out, split_sentences
 from jobs.synth import (
     FESTIVAL_TRAIN_VOICES,
+    FLITE_TRAIN_VOICES,
     SPLITS,
     TRAIN_VOICES,
     UNSEEN_ENGINE_VOICES,
@@ -17,11 +18,13 @@ from jobs.synth import (
     Espeak,
     EspeakError,
     Festival,
+    Flite,
     SynthError,
     is_festival,
     plan_corpus,
     synthesize,
     use_festival,
+    use_flite,
 )
 from jobs.tokenizer import CharTokenizer
 
@@ -156,6 +159,46 @@ def test_festival_corpus_is_reproducible_and_its_engine_split_is_sound(tmp_path)
         assert (info.samplerate, info.channels) == (16000, 1) and abs(info.frames / 16000 - row["duration"]) < 1e-3
         wav, _ = sf.read(str(tmp_path / "a" / row["audio_filepath"]))
         assert 0.5 < len(wav) / 16000 < 10 and np.abs(wav).max() > 0.1
+
+
+def test_flite_speaks_only_when_named_and_adds_training_voices_not_test_ones():
+    assert not use_flite("auto") and not use_flite("espeak,festival")
+    without = plan_corpus(1000, 50, seed=3, festival=True)
+    assert without == plan_corpus(1000, 50, seed=3, festival=True, flite=False)  # corpora made before are kept
+    plans = plan_corpus(1000, 50, seed=3, festival=True, flite=True)
+    by_split = {split: {p.voice for p in plans if p.split == split} for split in SPLITS}
+    assert set(FLITE_TRAIN_VOICES) <= by_split["train"]
+    assert by_split["test-unseen-engine"] == set(UNSEEN_ENGINE_VOICES) and not by_split["test-unseen"] & set(
+        FLITE_TRAIN_VOICES)
+    # flite's voices are other speakers than the held-out engine's (flite's slt is its speaker)
+    assert not {v.split(":")[1] for v in FLITE_TRAIN_VOICES} & {"slt", "kal", "kal16"}
+    share = sum(p.voice.startswith("flite:") for p in plans if p.split == "train") / 1000
+    assert 0.15 < share < 0.25  # FLITE_SHARE + FESTIVAL_SHARE, dealt among 4 voices: 2 of them flite's
+
+
+@pytest.mark.skipif(not set(FLITE_TRAIN_VOICES) <= Flite.voices() or not FESTIVAL <= Festival.voices(),
+                    reason="flite or Festival's voices are not installed (make test-deps installs them)")
+def test_flite_corpus_is_reproducible_and_its_voices_speak(tmp_path):
+    a = synthesize(tmp_path / "a", utterances=24, eval_utterances=4, seed=5, workers=2, progress=False,
+                   engines="espeak,festival,flite")
+    b = synthesize(tmp_path / "b", utterances=24, eval_utterances=4, seed=5, workers=1, progress=False,
+                   engines="espeak,festival,flite")
+    assert a == b and _digest(tmp_path / "a") == _digest(tmp_path / "b")
+    assert a["engines"] == ["espeak-ng", "festival", "flite"]
+    flite_speakers = {1000 + len(TRAIN_VOICES) + len(FESTIVAL_TRAIN_VOICES) + n for n in range(len(FLITE_TRAIN_VOICES))}
+    rows = [json.loads(line) for line in (tmp_path / "a" / "train.jsonl").read_text().splitlines()]
+    flite_rows = [r for r in rows if int(r["audio_filepath"].split("/")[1]) in flite_speakers]
+    assert flite_rows  # seed 5 gives flite some of the 24
+    for row in flite_rows:
+        wav, rate = sf.read(str(tmp_path / "a" / row["audio_filepath"]))
+        assert rate == 16000 and 0.5 < len(wav) / 16000 < 15 and np.abs(wav).max() > 0.1
+
+
+def test_flite_named_but_missing_is_one_line(monkeypatch):
+    monkeypatch.setattr(Flite, "voices", staticmethod(lambda: set()))
+    line = r"^flite voices not installed: flite:awb, flite:rms \(apt-get install flite\)$"
+    with pytest.raises(SynthError, match=line):
+        use_flite("espeak,festival,flite")
 
 
 needs_fortunes = pytest.mark.skipif(not FORTUNES.is_dir(), reason=f"no {FORTUNES} (apt-get install fortunes)")
