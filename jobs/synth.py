@@ -181,15 +181,8 @@ class Festival:
                            f'(utt.save.wave (utt.synth (Utterance Text "{quoted}")) "{tmp}/{n}.wav" \'riff)']
             proc = subprocess.run(["festival", "--pipe"], input="\n".join(script) + "\n", capture_output=True,
                                   text=True, timeout=60 + 5 * len(items))
-            out = {}
-            for n, (key, text, voice, _stretch) in enumerate(items):
-                path = Path(tmp) / f"{n}.wav"
-                if not path.is_file() or path.stat().st_size <= 44:
-                    raise SynthError(f"festival produced no audio for {key} ({text!r}, {voice}): "
-                                     f"{proc.stderr.strip()[-300:] or f'exit {proc.returncode}'}")
-                wav, rate = sf.read(str(path), dtype="int16")
-                out[key] = (wav if wav.ndim == 1 else wav[:, 0], rate)
-            return out
+            return {key: _read_riff(Path(tmp) / f"{n}.wav", proc, f"festival produced no audio for {key} "
+                                    f"({text!r}, {voice})") for n, (key, text, voice, _stretch) in enumerate(items)}
 
 
 class Flite:
@@ -214,12 +207,17 @@ class Flite:
                 proc = subprocess.run(["flite", "-voice", voice.removeprefix("flite:"), "--setf",
                                        f"duration_stretch={stretch:.4f}", "-t", text, "-o", str(path)],
                                       capture_output=True, text=True, timeout=60)
-                if not path.is_file() or path.stat().st_size <= 44:
-                    raise SynthError(f"flite produced no audio for {key} ({text!r}, {voice}): "
-                                     f"{proc.stderr.strip()[-300:] or f'exit {proc.returncode}'}")
-                wav, rate = sf.read(str(path), dtype="int16")
-                out[key] = (wav if wav.ndim == 1 else wav[:, 0], rate)
+                out[key] = _read_riff(path, proc, f"flite produced no audio for {key} ({text!r}, {voice})")
         return out
+
+
+def _read_riff(path: Path, proc: subprocess.CompletedProcess, failed: str) -> tuple[np.ndarray, int]:
+    """A synthesizer's RIFF file read back: (int16 waveform, its sample rate); `failed` and the
+    process's last words when it wrote none or only a header."""
+    if not path.is_file() or path.stat().st_size <= 44:
+        raise SynthError(f"{failed}: {proc.stderr.strip()[-300:] or f'exit {proc.returncode}'}")
+    wav, rate = sf.read(str(path), dtype="int16")
+    return wav if wav.ndim == 1 else wav[:, 0], rate
 
 
 EXTERNAL_ENGINES = {"festival:": Festival, "flite:": Flite}  # voice prefix -> engine run as a process
