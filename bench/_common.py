@@ -19,10 +19,12 @@ import json
 import os
 import signal
 import statistics
+import subprocess
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 MIN_REPEATS = 5
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def interleaved(contenders: Mapping[str, Callable[[int], float]], repeats: int = MIN_REPEATS,
@@ -78,3 +80,13 @@ def write_results(path: Path, result: dict, plot: Callable[[dict, Path], None]) 
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2) + "\n")
     plot(result, path.with_suffix(".png"))
+
+
+def commit() -> str:
+    """What a result was measured at: the checkout's HEAD (short hash), with "+uncommitted changes"
+    after it when tracked files differ from it."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+    return git("rev-parse", "--short", "HEAD") + ("+uncommitted changes" if git("status", "--porcelain",
+                                                                              "--untracked-files=no") else "")

@@ -57,6 +57,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 import yaml  # noqa: E402
+from _common import commit  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from jobs.feature_shards import is_features_folder, write_shards  # noqa: E402
@@ -324,12 +325,11 @@ def worker_section(audio: Path, repeats: int, batches: int) -> dict:
     growth = max(by_epoch[1][pid] - by_epoch[0].get(pid, 0.0) for pid in by_epoch[1])
     ratio = stats["workers_2"]["median"] / stats["workers_1"]["median"]
     apart = stats["workers_2"]["iqr"][0] > stats["workers_1"]["iqr"][1]
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
     return {"corpus": str(audio.relative_to(ROOT) if audio.is_relative_to(ROOT) else audio),
             "utterances": len(w.train), "rates_utt_per_s": stats, "ratio_2_to_1": round(ratio, 3), "iqrs_apart": apart,
             "worker_rss_mb_by_epoch": [list(e.values()) for e in by_epoch],
             "worker_growth_epoch_2_mb": round(growth, 1),
-            "cache_mb": CACHE_MB, "batches": batches, "repeats": repeats, "commit": commit.stdout.strip(),
+            "cache_mb": CACHE_MB, "batches": batches, "repeats": repeats, "commit": commit(),
             "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "targets": {"ratio_2_to_1": f">= {WORKERS_RATIO}, IQRs apart", "worker_growth_epoch_2_mb": f"<= {FLAT_MB}"},
             "passed": ratio >= WORKERS_RATIO and apart and growth <= FLAT_MB}

@@ -91,6 +91,7 @@ from ray.cluster_utils import Cluster  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import network_faults  # noqa: E402, I001  (bench/ is on the path: this script's folder)
+from _common import commit  # noqa: E402
 
 from jobs.data import DataError, shard_batches  # noqa: E402
 from jobs.synth import synthesize  # noqa: E402
@@ -1077,13 +1078,6 @@ def machine() -> str:
             f"Python {platform.python_version()}, Ray {ray.__version__}, torch {torch.__version__}")
 
 
-def git_head() -> str:
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
-                           text=True).stdout.strip()
-    return head + ("+uncommitted changes" if dirty else "")
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", default="", help="faults to run, comma-separated (default: all): "
@@ -1123,9 +1117,9 @@ def main() -> int:
                 print(f"[{fault.name} / {group}] {json.dumps(record)}", flush=True)
         finally:
             bench.shutdown()
-    commit, now = git_head(), datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+    at, now = commit(), datetime.datetime.now().astimezone().isoformat(timespec="seconds")
     for row in rows:
-        row.update(commit=commit, measured_at=now)
+        row.update(commit=at, measured_at=now)
     if args.merge and args.out.is_file():  # the rows kept say when and at which commit they were measured
         done, earlier = {(r["fault"], r["group"]) for r in rows}, json.loads(args.out.read_text())
         rows = [{"commit": earlier["commit"], "measured_at": earlier["measured_at"], **r} for r in earlier["rows"]
@@ -1133,7 +1127,7 @@ def main() -> int:
         order = {(f.name, g): i for i, (f, g) in enumerate((f, g) for f in FAULTS for g in f.groups)}
         rows.sort(key=lambda r: order.get((r["fault"], r["group"]), math.inf))
     passed = bool(rows) and all(row_passed(r) for r in rows)
-    result = {"rows": rows, "passed": passed, "commit": commit, "measured_at": now, "machine": machine()}
+    result = {"rows": rows, "passed": passed, "commit": at, "measured_at": now, "machine": machine()}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2, allow_nan=False) + "\n")
     plot(rows, args.out.with_suffix(".png"))

@@ -64,6 +64,7 @@ import matplotlib  # noqa: E402
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import ray  # noqa: E402
+from _common import commit  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from orchestrator.config import parse_spec  # noqa: E402
@@ -436,7 +437,7 @@ def main() -> int:
               "setup": {"nodes": NODES, "cpus_per_node": CPUS_PER_NODE, "cpus_per_learner": CPUS_PER_LEARNER,
                         "features": FEATURES, "classes": CLASSES, "step_s": STEP_S, "batch": BATCH,
                         "slices": SLICES, "slice_s": SLICE_S, "eval_every_s": EVAL_EVERY_S, "killed": KILLED},
-              "commit": os.popen(f"git -C {ROOT} rev-parse --short HEAD").read().strip()}
+              "commit": commit()}
     (RESULTS / "scale.json").write_text(json.dumps(result, indent=2, allow_nan=False) + "\n")
     plot(result, RESULTS / "scale.png")
     print(json.dumps({"passed": passed, "verdict": verdict}, indent=2))

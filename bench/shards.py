@@ -54,7 +54,7 @@ import matplotlib  # noqa: E402
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from _common import interleaved, summary, write_results  # noqa: E402
+from _common import commit, interleaved, summary, write_results  # noqa: E402
 
 from jobs.audio_shards import write_audio_shards  # noqa: E402
 from orchestrator.config import load_spec  # noqa: E402
@@ -300,7 +300,7 @@ def main() -> int:
         learner["rss_growth_mb"] = rss_growth(learner["rss_mb"])
     startup = {name: summary(values, 3) for name, values in startups.items()}
     model_rate = max(m["utt_per_s"] for m in model)
-    result = {"benchmark": "shards", "commit": _commit(), "small": made["small"], "large": made["large"],
+    result = {"benchmark": "shards", "commit": commit(), "small": made["small"], "large": made["large"],
               "startup_s": startup, "startup_ratio": round(startup["large"]["median"] / startup["small"]["median"], 3),
               "epoch": epoch, "model": model,
               "data_to_model": round(min(e["utt_per_s"] for e in epoch) / model_rate, 2),
@@ -320,11 +320,6 @@ def main() -> int:
                       "rss_growth_mb": [e["rss_growth_mb"] for e in epoch], "audio": {
                           k: result["audio"][k] for k in ("data_to_model", "unaugmented_data_to_model")}}))
     return 0 if result["passed"] else 1
-
-
-def _commit() -> str:
-    git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    return git.stdout.strip()
 
 
 if __name__ == "__main__":
