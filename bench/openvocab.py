@@ -21,11 +21,15 @@ With `--engines espeak,festival,flite` the corpus has CMU flite's clustergen voi
 well (`jobs/synth.py`; its own corpus folder, `-flite` in the results' names): whether a third
 engine's voices in training bring the held-out engine nearer.
 
+With `--set KEY=VALUE` (repeatable, as `chorus train --set`) the recipe is changed for an
+experiment, named by `--name` (its runs' folders and results file carry the name); the recipe's
+own figures are the runs without.
+
 Each run records the commit it ran at; `--first-seed 1 --repeats 2 --keep-runs` adds seeds 1-2 to
 an earlier file's seed 0 (refused unless the corpus is the same), the median then over all three.
 
 Usage: .venv/bin/python bench/openvocab.py [--repeats 3] [--wall-seconds 1800] [--hours 20] [--shard-features]
-       [--first-seed 0] [--keep-runs] [--engines auto|espeak,festival,flite]
+       [--first-seed 0] [--keep-runs] [--engines auto|espeak,festival,flite] [--set KEY=VALUE --name NAME]
 """
 
 from __future__ import annotations
@@ -33,7 +37,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -46,7 +49,7 @@ import matplotlib  # noqa: E402
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import ray  # noqa: E402
-from _common import summary, write_results  # noqa: E402
+from _common import commit, summary, write_results  # noqa: E402
 
 from jobs.audio_shards import write_audio_shards  # noqa: E402
 from jobs.ngram import write_lm  # noqa: E402
@@ -61,8 +64,7 @@ WORK = ROOT / "bench" / "work" / "openvocab"
 RECIPE = ROOT / "jobs" / "configs" / "openvocab.yaml"
 SPLITS = ("test", "test_unseen", "test_unseen_engine")
 DECODERS = ("greedy", "lm")
-COMMIT = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                        text=True).stdout.strip()  # each run records it
+COMMIT = commit()  # each run records it
 TARGETS = {"wer_test_lm": 25.0, "wer_test_unseen_engine_lm": 40.0, "lm_relative_gain_test": 0.20}
 
 
@@ -84,11 +86,12 @@ def flite_tag(engines: str) -> str:
     return "-flite" if "flite" in engines else ""
 
 
-def overrides(corpus: Path, wall_seconds: float, seed: int, shard_features: bool = False) -> list[str]:
+def overrides(corpus: Path, wall_seconds: float, seed: int, shard_features: bool = False,
+              changes: list[str] = ()) -> list[str]:
     data = {"train": corpus / ("shards-features" if shard_features else "shards"),
             **{s: corpus / f"{s.replace('_', '-')}.jsonl" for s in ("dev", *SPLITS)}, "shard_features": shard_features}
     return [*(f"data.{k}={v}" for k, v in data.items()), f"decoding.lm={corpus / 'lm.arpa'}",
-            f"budget.wall_seconds={wall_seconds}", "budget.epochs=null", f"seed={seed}"]
+            f"budget.wall_seconds={wall_seconds}", "budget.epochs=null", f"seed={seed}", *changes]
 
 
 def scores(spec, run: Path) -> dict:
@@ -109,15 +112,15 @@ def scores(spec, run: Path) -> dict:
 
 
 def run_once(seed: int, corpus: Path, wall_seconds: float, runs: list, shard_features: bool = False,
-             tag: str = "") -> float:
+             tag: str = "", changes: list[str] = ()) -> float:
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     out = WORK / f"run{'-features' if shard_features else ''}{tag}-{seed}"
     try:
-        spec = load_spec(RECIPE, overrides(corpus, wall_seconds, seed, shard_features))
+        spec = load_spec(RECIPE, overrides(corpus, wall_seconds, seed, shard_features, changes))
         outcome = TrainingJob(spec, out, overwrite=True).run()
     finally:
         ray.shutdown()
-    run = {"seed": seed, "commit": COMMIT,
+    run = {"seed": seed, "commit": COMMIT, **({"changes": list(changes)} if changes else {}),
            **{k: outcome[k] for k in ("epochs", "samples_per_s", "wall_s", "startup_s")},
            "skipped": outcome["skipped_utterances"], **scores(spec, out)}
     runs.append(run)
@@ -152,7 +155,8 @@ def plot(result: dict, path: Path) -> None:
     ax.set_xticks(range(len(SPLITS)), ["test (seen voices)", "test-unseen (voices)", "test-unseen-engine"])
     ax.set_ylabel("WER (%), median and IQR")
     features = (", shard features" if result.get("shard_features") else "") + (
-        ", " + "+".join(result["corpus"]["engines"]) if "flite" in result["corpus"]["engines"] else "")
+        ", " + "+".join(result["corpus"]["engines"]) if "flite" in result["corpus"]["engines"] else "") + "".join(
+        f", {change}" for change in result.get("changes", []))
     ax.set_title(f"openvocab.yaml{features}, 2 learners, {result['wall_seconds']:g} s, {result['repeats']} runs; "
                  f"{result['corpus']['splits']['train']['hours']:.1f} h; test OOV "
                  f"{100 * result['corpus']['oov_rate_test']:.1f}%", fontsize=9)
@@ -176,17 +180,22 @@ def main() -> int:
                              "writes openvocab-shard-features.json")
     parser.add_argument("--engines", choices=["auto", "espeak,festival,flite"], default="auto",
                         help="the corpus's engines (chorus synth --engines); flite's go in a corpus of their own")
+    parser.add_argument("--set", dest="changes", action="append", default=[], metavar="KEY=VALUE",
+                        help="an experiment: change the recipe so (repeatable); needs --name")
+    parser.add_argument("--name", default="", help="the experiment's name, in its runs' and results' names")
     args = parser.parse_args()
+    if bool(args.changes) != bool(args.name):
+        parser.error("--set and --name go together: an experiment's results are kept apart from the recipe's")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # throwaway local instances
     started = time.time()
     mel_bins = load_spec(RECIPE, [], check_paths=False).workload_config.features.num_mel_bins
     corpus = prepare(args.hours, mel_bins=mel_bins if args.shard_features else None, engines=args.engines)
-    tag = flite_tag(args.engines)
+    tag = flite_tag(args.engines) + (f"-{args.name}" if args.name else "")
     out = RESULTS / f"openvocab{'-shard-features' if args.shard_features else ''}{tag}.json"
     seeds = range(args.first_seed, args.first_seed + args.repeats)
     runs = kept_runs(out, corpus, seeds) if args.keep_runs else []
     for seed in seeds:  # one recipe: nothing to interleave with
-        run_once(seed, corpus, args.wall_seconds, runs, args.shard_features, tag)
+        run_once(seed, corpus, args.wall_seconds, runs, args.shard_features, tag, args.changes)
     runs.sort(key=lambda r: r["seed"])
     figures = {key: summary([r[key] for r in runs], 4) for key in runs[0]
                if isinstance(runs[0][key], (int, float)) and key != "seed"}
@@ -195,7 +204,7 @@ def main() -> int:
               <= TARGETS["wer_test_unseen_engine_lm"],
               "lm_relative_gain_test": figures["lm_relative_gain_test"]["median"] >= TARGETS["lm_relative_gain_test"]}
     result = {"benchmark": "openvocab", "learners": 2, "group": "allreduce", "wall_seconds": args.wall_seconds,
-              "shard_features": args.shard_features,
+              "shard_features": args.shard_features, "changes": args.changes,
               "repeats": len(runs), "corpus": json.loads((corpus / "corpus.json").read_text()),
               "figures": figures, "runs": runs, "targets": TARGETS, "checks": checks,
               "wall_s": round(time.time() - started, 1), "passed": all(checks.values())}
