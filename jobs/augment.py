@@ -38,6 +38,9 @@ def utterance_generator(seed: int, epoch: int, index: int, kind: str) -> torch.G
     return torch.Generator().manual_seed(int.from_bytes(digest, "little") & (2**63 - 1))
 
 
+RIR_TAIL = 0.3  # a synthetic room's reverberant tail at its loudest, relative to the direct path
+
+
 def synthetic_rir(rt60_s: float, generator: torch.Generator, sample_rate: int = SAMPLE_RATE) -> torch.Tensor:
     """A room impulse response: a unit direct path, then white noise decaying by 60 dB over `rt60_s`
     (Schroeder's statistical model of a diffuse reverberant tail), 2.5 ms after the direct path."""
@@ -46,7 +49,7 @@ def synthetic_rir(rt60_s: float, generator: torch.Generator, sample_rate: int = 
     tail = torch.randn(n, generator=generator) * torch.exp(-3 * math.log(10) * t / rt60_s)
     rir = torch.zeros(n + int(0.0025 * sample_rate))
     rir[0] = 1.0
-    rir[-n:] += 0.3 * tail / tail.abs().max().clamp_min(1e-8)
+    rir[-n:] += RIR_TAIL * tail / tail.abs().max().clamp_min(1e-8)
     return rir
 
 

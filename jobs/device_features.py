@@ -157,7 +157,7 @@ class DeviceFeatures:
         """The mel filterbank (batch, n_freqs, n_mels) read at each row's VTLP-warped frequencies
         (`Fbank.warped_filters`, for a batch of warps); a warp of 1 reads the filterbank itself."""
         device = warps.device
-        filters = self._kept("filters", device, lambda: self.fbank._mel.mel_scale.fb.to(device))
+        filters = self._kept("filters", device, lambda: self.fbank.filters.to(device))
         n_freqs, nyquist, boundary = filters.shape[0], SAMPLE_RATE / 2, 4800.0
         freqs = self._kept("freqs", device, lambda: torch.linspace(0, nyquist, n_freqs).to(device))[None, :]
         alpha = warps[:, None].float()

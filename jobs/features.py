@@ -34,9 +34,19 @@ class Fbank:
             sample_rate=SAMPLE_RATE, n_fft=400, win_length=400, hop_length=160, n_mels=num_mel_bins
         )
 
+    @property
+    def filters(self) -> torch.Tensor:
+        """The mel filterbank (n_freqs, n_mels): torchaudio's HTK triangles, 0-8000 Hz."""
+        return self._mel.mel_scale.fb
+
+    @property
+    def window_length(self) -> int:
+        """Samples of the Hann window each frame is read through (25 ms)."""
+        return self._mel.win_length
+
     def warped_filters(self, warp: float) -> torch.Tensor:
         """The mel filterbank (n_freqs, n_mels) evaluated at the warped frequency of each FFT bin."""
-        filters = self._mel.mel_scale.fb
+        filters = self.filters
         n_freqs = filters.shape[0]
         nyquist = SAMPLE_RATE / 2
         position = vtlp_frequencies(torch.linspace(0, nyquist, n_freqs), warp) / nyquist * (n_freqs - 1)

@@ -29,12 +29,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from jobs.augment import Augment, Choices
+from jobs.augment import RIR_TAIL, Augment, Choices
 from jobs.features import FLOOR, SAMPLE_RATE, Fbank, normalized, vtlp_frequencies
 
 HOP_S = 0.01  # the filterbank's frame shift (160 samples)
 HZ_GRID = torch.linspace(0.0, SAMPLE_RATE / 2, 801, dtype=torch.float64)  # where VTLP's warp is read
-TAIL_SCALE = 0.3  # `synthetic_rir`'s tail, relative to its largest sample
 
 
 def hz_to_mel(hz):
@@ -56,12 +55,12 @@ class MelAugment:
 
     def __init__(self, augment: Augment, fbank: Fbank):
         self.augment = augment
-        filters = fbank._mel.mel_scale.fb  # (n_freqs, n_mels): torchaudio's HTK triangles, 0-8000 Hz
+        filters = fbank.filters
         self.bins = filters.shape[1]
         points = np.linspace(hz_to_mel(0.0), hz_to_mel(SAMPLE_RATE / 2), self.bins + 2)
         self.first_center, self.spacing = points[1], points[1] - points[0]
         self.centers_hz = 700.0 * (10 ** (points[1:-1] / 2595.0) - 1.0)
-        window_energy = float(torch.hann_window(fbank._mel.win_length).pow(2).sum())
+        window_energy = float(torch.hann_window(fbank.window_length).pow(2).sum())
         self.noise_per_bin = window_energy * filters.sum(0)  # mel power of unit-variance white noise
         self.noise_spread = torch.sqrt(torch.log1p(1.0 / independent_bins(filters)))  # a log-normal's sigma
 
@@ -109,7 +108,7 @@ class MelAugment:
         samples = HOP_S * SAMPLE_RATE
         largest = math.sqrt(2.0 * math.log(rt60_s * SAMPLE_RATE))  # the tail's expected largest sample
         t = torch.arange(taps, dtype=torch.float32) * HOP_S
-        energy = samples * (TAIL_SCALE / largest) ** 2 * torch.exp(-2 * 3 * math.log(10) * t / rt60_s)
+        energy = samples * (RIR_TAIL / largest) ** 2 * torch.exp(-2 * 3 * math.log(10) * t / rt60_s)
         energy[0] += 1.0  # the direct path
         padded = F.pad(mel.T[None], (taps - 1, 0))  # (1, bins, frames): causal
         bins = mel.shape[1]  # a channel each (groups): 2.7x faster than the bins as a batch of one channel
