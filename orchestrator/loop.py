@@ -56,9 +56,8 @@ class TrainLoop:
         return min(1.0, max(fractions))
 
     def done(self, stats: dict) -> bool:
-        out_of_epochs = self.budget.epochs is not None and stats.get("epoch", 0) >= self.budget.epochs
         out_of_time = self.deadline is not None and time.time() >= self.deadline
-        return out_of_epochs or out_of_time or self.job.stop_requested()
+        return epochs_spent(self.budget, stats.get("epoch", 0)) or out_of_time or self.job.stop_requested()
 
     # -- the loop ---------------------------------------------------------------------------------
     def run(self) -> float:
