@@ -148,8 +148,10 @@ class TrainingJob:
                 self.snapshots.save_start()
             loop = TrainLoop(self, time.time() - wall_before)
             train_wall = loop.run()
-            # gossip's exchanges still in flight settle on both sides before the last evaluation
+            # gossip's exchanges still in flight settle on both sides before the last evaluation:
+            # the actives' first, then the passives' (and a hierarchical node takes its leader's weights)
             self.on_every_learner(lambda slot: slot.handle.settle_exchanges.remote())
+            self.on_every_learner(lambda slot: slot.handle.align_after_exchanges.remote())
             self.poll_snapshot(wait=True)
             if loop.losses or not self.evals:
                 self.evaluate(mean_loss(loop.losses) if loop.losses else float("nan"), loop.start)

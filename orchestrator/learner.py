@@ -480,9 +480,8 @@ class LearnerService(SimulatedFaults):
             seconds: float | None = None) -> dict:
         """Up to `steps` optimizer steps, stopping early at the wall deadline (time.time()), once
         `seconds` have passed since the chunk began (it takes one step at least), or when this
-        learner has finished
-        `max_epochs` epochs; returns its stats. (A group step at an epoch boundary trains nothing
-        and does not count; two in a row mean an empty shard.)
+        learner has finished `max_epochs` epochs; returns its stats. (A group step at an epoch
+        boundary trains nothing and does not count; two in a row mean an empty shard.)
 
         A learner that may stop alone (`stops_alone`: gossip) checks the time before each step; the
         members of a collective vote in each step's collective (`Learner.wants_to_stop`) and all end
@@ -523,13 +522,14 @@ class LearnerService(SimulatedFaults):
         return self.learner.averages
 
     def settle_exchanges(self) -> None:
-        """Settle this learner's gossip exchanges in flight (at the job's end, between chunks)."""
-        from orchestrator.groups import GroupBroken
+        """The job's end, first half, on every learner: settle the gossip exchanges it started."""
+        getattr(self.group, "settle_all", lambda learner: None)(self.learner)
 
-        try:
-            getattr(self.group, "settle_all", lambda learner: None)(self.learner)
-        except GroupBroken:  # a node member is gone: its replicas stay one exchange apart
-            pass
+    def align_after_exchanges(self) -> None:
+        """The job's end, second half: the exchanges it serves settle on its side too, then a hierarchical
+        node takes its leader's weights (so the last evaluation holds both halves of every exchange)."""
+        self.passive_links.wait_answered()
+        getattr(self.group, "align", lambda learner: None)(self.learner)
 
     @ray.method(concurrency_group="links")
     def open_link(self, key: str, address: str, compression: str = "none", interface: str | None = None) -> str:

@@ -27,6 +27,7 @@ from orchestrator.groups.allreduce import (
     leave_process_group,
     reduce_gradients,
 )
+from orchestrator.groups.errors import GroupBroken
 from orchestrator.groups.gossip import GossipMember
 
 
@@ -80,13 +81,20 @@ class HierarchicalMember:
             self.leader.mix(learner)
 
     def settle_all(self, learner) -> None:
-        """The leader's exchanges in flight settled, then the node takes its leader's weights
-        (every member of the node calls this: the broadcast is the node's collective)."""
+        """The leader's own exchanges in flight settled (the job's end, before `align`)."""
         if self.leader is not None:
             self.leader.settle_all(learner)
+
+    def align(self, learner) -> None:
+        """The node takes its leader's weights (every member of the node calls this: the broadcast
+        is the node's collective), once every leader has settled its exchanges and this one has
+        answered those it served, so no mean reaches a leader after its node took its weights."""
         if self.node_size > 1:
-            with learner.waiting_on_group():
-                broadcast_weights(learner, self.node_rank)
+            try:
+                with learner.waiting_on_group():
+                    broadcast_weights(learner, self.node_rank)
+            except GroupBroken:  # a node member is gone: the node's replicas stay one exchange apart
+                pass
 
     def close(self) -> None:
         if self.leader is not None:

@@ -61,6 +61,7 @@ LINK_TIMEOUT_S = 300.0  # a send or receive on an open link fails after this lon
 # that vanished without closing its sockets; a process that died closes them and fails it at once).
 # Generous: a 40 MB float32 exchange takes 64 s at 5 Mbit/s, and an exchange in flight holds only its
 # own link, never the learner
+ANSWER_WAIT_S = 10.0  # at the job's end, how long a passive waits for the exchanges it serves to settle
 KEEPS_UP = 1.5  # a link keeps up while its exchanges take at most this x a step's computation
 MIN_WAIT_S = 1.0  # ... and then the active waits up to a step's computation, at least this long
 HEADER, TO_PASSIVE, TO_ACTIVE = 0, 1, 2  # message tags
@@ -316,6 +317,16 @@ class PassiveLinks:
     def __init__(self, learner):
         self.learner = learner
         self.exit_in_exchange = False
+        self._answering = 0  # exchanges whose header has arrived and whose mean is not yet taken
+        self._answered = threading.Condition()
+
+    def wait_answered(self, timeout: float = ANSWER_WAIT_S) -> bool:
+        """Wait (at most `timeout`) until every exchange an active has started with this learner is
+        settled on this side too; False if one is still being answered. At the job's end, once the
+        actives have settled theirs, no exchange starts any more and this one's weights hold every
+        mean it took part in."""
+        with self._answered:
+            return self._answered.wait_for(lambda: self._answering == 0, timeout)
 
     def open(self, key: str, address: str, codec: str = "none", interface: str | None = None) -> tuple[str, str]:
         """Serve a link an active partner opens (its rendezvous at `address`); returns the link's
@@ -343,7 +354,14 @@ class PassiveLinks:
                 link.recv([header], 0, HEADER).wait(timedelta(seconds=IDLE_S))  # idle links stay open
                 if int(header) == CLOSE:
                     return
-                self._answer(link, state)
+                with self._answered:
+                    self._answering += 1
+                try:
+                    self._answer(link, state)
+                finally:
+                    with self._answered:
+                        self._answering -= 1
+                        self._answered.notify_all()
         except RuntimeError:  # the active died, its node or its link: the link ends
             return
 
