@@ -32,13 +32,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from jobs import tar_stream
 from jobs.data import AudioError, DataError, load_audio, read_corpus
 from jobs.features import Fbank
 
 INDEX = "shards.json"
 TEXTS = "texts.txt"
-READ_BUFFER = 4 << 20  # bytes a shard's reader asks the store for at once: unbuffered, each of tar's small reads
-# was a request of its own (S3 on loopback: a 64 MB shard not read in 5 minutes; buffered: 1.1 s)
+READ_BUFFER = 16 << 20  # bytes a shard's reader asks the store for at once (one buffer a learner: one shard is open
+# at a time); fewer, larger requests cost the store less (bench/README, "Shards at scale", has the measurements)
 FORMAT = "chorus-audio-shards"
 VERSION = 1
 
@@ -167,20 +168,18 @@ class AudioShards:
         """The utterances of shard `name`, in order, after its first `skip` (passed over
         undecoded), one member in memory at a time. A shard that cannot be opened or read raises
         OSError or tarfile.TarError; one that ends early just ends (its reader counts)."""
-        with self.fs.open_input_stream(f"{self.root}/{name}", buffer_size=READ_BUFFER) as stream, \
-                tarfile.open(fileobj=stream, mode="r|") as tar:
+        with self.fs.open_input_stream(f"{self.root}/{name}", buffer_size=READ_BUFFER) as stream:
             parts: dict[str, bytes] = {}  # the current utterance's members before its json: audio (and mel)
             key = None
-            for member in tar:
-                data = tar.extractfile(member).read()
-                name_key, _, ext = member.name.partition(".")
+            for member, data in tar_stream.members(stream):
+                name_key, _, ext = member.partition(".")
                 if ext != "json":
                     if name_key != key:
                         parts, key = {}, name_key
                     parts["mel" if ext == "mel" else "audio"] = data
                     continue
                 if name_key != key or "audio" not in parts:
-                    raise tarfile.ReadError(f"{member.name} has no audio before it")
+                    raise tarfile.ReadError(f"{member} has no audio before it")
                 if skip > 0:
                     skip -= 1
                 else:
