@@ -19,10 +19,14 @@ Measured:
   the log-mel domain, padding, as a learner's input path does), with the recipe's read-ahead. Each
   samples its resident memory every 50 batches. Growth: the largest sample after the first 5% of
   the epoch minus the sample then. Target: <= 32 MB.
-- the model's rate: the same 2 processes training openvocab.yaml's model (forward, backward,
-  optimizer step) on 100 batches already in memory, drawn evenly across each one's half of the
-  epoch (so their lengths are the epoch's), 5 passes in a new order each: the median pass's
-  utterances/s. Target: data rate (the slower learner's) >= 3x the faster model's.
+- the data's rate against the model's, interleaved: 2 processes, each keeping 100 batches drawn
+  evenly across its half of the epoch (so their lengths are the epoch's), then 5 rounds of: a fifth
+  of its half of the next epoch streamed as above (the data's utterances/s), and one pass of
+  openvocab.yaml's model (forward, backward, optimizer step) over the kept batches in a new order
+  (the model's utterances/s); the two processes start each window and each pass together. Each
+  round's ratio: the slower learner's data over the faster learner's model. Target: >= 3x, met
+  when the ratio's lower quartile over the rounds is (a median above 3x and a quartile below is
+  a tie). The whole epoch's data rate over the median pass is kept too (`data_to_model_epoch`).
 - for comparison, the audio path (`data.shard_features=false`: decode, waveform augmentation,
   filterbanks) over the first `--audio-utterances` of each learner's half of the same epoch, and
   2,000 utterances of the next epoch without augmentation: what augmentation costs, told apart.
@@ -69,7 +73,7 @@ KEYS = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_REG
         "AWS_DEFAULT_REGION": "us-east-1"}
 RSS_EVERY = 50  # batches between memory samples
 MODEL_BATCHES = 100  # the model's rate: batches drawn evenly across the epoch
-MODEL_PASSES = 5  # passes over them
+RATE_ROUNDS = 5  # rounds of a data window and a model pass over those batches
 TARGETS = {"startup_ratio": 1.2, "rss_growth_mb": 32.0, "data_to_model": 3.0}
 
 
@@ -189,11 +193,14 @@ def _unaugmented_rate(spec, rank: int, utterances: int = 2000) -> float:
     return round(done / (time.perf_counter() - start), 2)
 
 
-def model_learner(train: str, rank: int, answers) -> None:
-    """Openvocab.yaml's model trained on `MODEL_BATCHES` batches drawn evenly across the learner's
-    half of epoch 0 (the first batches alone are the shortest utterances: each shard holds its
-    utterances in order of duration), `MODEL_PASSES` passes in a new order each after 2 warm-up
-    steps: utterances/s per pass, and their median."""
+def model_learner(train: str, rank: int, answers, barrier) -> None:
+    """The data and the model, interleaved: openvocab.yaml's model trained on `MODEL_BATCHES`
+    batches drawn evenly across the learner's half of epoch 0 (the first batches alone are the
+    shortest utterances: each shard holds its utterances in order of duration), then `RATE_ROUNDS`
+    rounds of a window of the learner's half of epoch 1 streamed (a `RATE_ROUNDS`th of it: the
+    data's rate), then a pass over the kept batches in a new order (the model's rate). Both learners
+    start each window and each pass together (`barrier`), so each round's two rates are measured
+    at the same hour of the machine, with the same other learner's work beside them."""
     import torch
 
     from jobs.workload import AsrWorkload
@@ -215,21 +222,33 @@ def model_learner(train: str, rank: int, answers) -> None:
 
     for i, batch in enumerate(kept[:2]):
         step(batch, i)
-    order, rates = random.Random(rank), []
-    for _ in range(MODEL_PASSES):
+    order, data, rates = random.Random(rank), [], []
+    window = workload.batches(rank, 2, 1)
+    batches = iter(window)
+    for r in range(RATE_ROUNDS):
+        barrier.wait()
+        done, start = 0, time.perf_counter()
+        for batch in batches:
+            done += batch.size
+            if window.position >= (r + 1) * len(window) / RATE_ROUNDS:
+                break
+        data.append(round(done / (time.perf_counter() - start), 2))
+        barrier.wait()
         start = time.perf_counter()
         for i, batch in enumerate(order.sample(kept, len(kept))):
             step(batch, i)
         rates.append(round(sum(b.size for b in kept) / (time.perf_counter() - start), 2))
     answers.put({"rank": rank, "batches": len(kept), "utterances": sum(b.size for b in kept),
-                 "utt_per_s_passes": rates, "utt_per_s": statistics.median(rates)})
+                 "data_utt_per_s_rounds": data, "utt_per_s_passes": rates, "utt_per_s": statistics.median(rates)})
 
 
-def two_learners(target, train: str) -> list[dict]:
-    """`target(train, rank, answers)` in 2 processes at once (spawned: a learner's fresh process)."""
+def two_learners(target, train: str, in_step: bool = False) -> list[dict]:
+    """`target(train, rank, answers)` in 2 processes at once (spawned: a learner's fresh process);
+    `in_step`: with a barrier of the two as its fourth argument."""
     ctx = mp.get_context("spawn")
     answers = ctx.Queue()
-    procs = [ctx.Process(target=target, args=(train, rank, answers)) for rank in range(2)]
+    more = (ctx.Barrier(2),) if in_step else ()
+    procs = [ctx.Process(target=target, args=(train, rank, answers, *more)) for rank in range(2)]
     for p in procs:
         p.start()
     found = sorted((answers.get(timeout=7200) for _ in procs), key=lambda a: a["rank"])
@@ -266,7 +285,9 @@ def plot(result: dict, path: Path) -> None:
     model = max(m["utt_per_s"] for m in result["model"])
     c.axhline(3 * model, color="k", linestyle="--", label=f"3x the model's {model:.0f} utt/s")
     c.set_ylabel("utterances/s, the slower learner")
-    c.set_title("data rate per learner (2 at once, 1 thread each)", fontsize=9)
+    ratio = result["data_to_model_rounds"]
+    c.set_title(f"data rate per learner (2 at once, 1 thread each); interleaved rounds: data/model "
+                f"{ratio['median']:.2f}x [{ratio['iqr'][0]:.2f}, {ratio['iqr'][1]:.2f}]", fontsize=8)
     c.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -291,7 +312,7 @@ def main() -> int:
         startups = interleaved({name: (lambda r, name=name: startup_s(trains[name], r)) for name in trains},
                                repeats=args.repeats)
         epoch = two_learners(stream_learner, trains["large"])
-        model = two_learners(model_learner, trains["large"])
+        model = two_learners(model_learner, trains["large"], in_step=True)
         audio = two_learners(partial(stream_learner, audio_utterances=args.audio_utterances), trains["large"])
     finally:
         server.terminate()
@@ -300,10 +321,13 @@ def main() -> int:
         learner["rss_growth_mb"] = rss_growth(learner["rss_mb"])
     startup = {name: summary(values, 3) for name, values in startups.items()}
     model_rate = max(m["utt_per_s"] for m in model)
+    rounds = [min(m["data_utt_per_s_rounds"][r] for m in model) / max(m["utt_per_s_passes"][r] for m in model)
+              for r in range(RATE_ROUNDS)]  # each round: the slower learner's data over the faster one's model
     result = {"benchmark": "shards", "commit": commit(), "small": made["small"], "large": made["large"],
               "startup_s": startup, "startup_ratio": round(startup["large"]["median"] / startup["small"]["median"], 3),
               "epoch": epoch, "model": model,
-              "data_to_model": round(min(e["utt_per_s"] for e in epoch) / model_rate, 2),
+              "data_to_model_rounds": summary(rounds, 3),
+              "data_to_model_epoch": round(min(e["utt_per_s"] for e in epoch) / model_rate, 2),
               "audio": {"epoch": audio,
                         "data_to_model": round(min(a["utt_per_s"] for a in audio) / model_rate, 2),
                         "unaugmented_data_to_model":
@@ -313,10 +337,11 @@ def main() -> int:
               "targets": TARGETS, "repeats": args.repeats, "wall_s": round(time.time() - started, 1)}
     result["checks"] = {"startup_ratio": result["startup_ratio"] <= TARGETS["startup_ratio"],
                         "rss_growth_mb": max(e["rss_growth_mb"] for e in epoch) <= TARGETS["rss_growth_mb"],
-                        "data_to_model": result["data_to_model"] >= TARGETS["data_to_model"]}
+                        # met only outside the rounds' noise: the lower quartile of the ratio at or above the target
+                        "data_to_model": result["data_to_model_rounds"]["iqr"][0] >= TARGETS["data_to_model"]}
     result["passed"] = all(result["checks"].values()) and result["every_utterance_once"]
     write_results(RESULTS / "shards.json", result, plot)
-    print(json.dumps({**{k: result[k] for k in ("startup_ratio", "data_to_model", "checks", "passed")},
+    print(json.dumps({**{k: result[k] for k in ("startup_ratio", "data_to_model_rounds", "checks", "passed")},
                       "rss_growth_mb": [e["rss_growth_mb"] for e in epoch], "audio": {
                           k: result["audio"][k] for k in ("data_to_model", "unaugmented_data_to_model")}}))
     return 0 if result["passed"] else 1
