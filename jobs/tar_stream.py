@@ -25,17 +25,17 @@ def members(stream: BinaryIO) -> Iterator[tuple[str, bytes]]:
         header = stream.read(BLOCK)
         if len(header) < BLOCK or header.count(0) == BLOCK:
             return  # the end-of-archive blocks, or a stream cut between members
-        size, kind = _checked(header)
+        size, entry_type = _checked(header)
         data = _exactly(stream, size)
         _exactly(stream, -size % BLOCK)
-        if kind == PAX:
+        if entry_type == PAX:
             long_name = _pax_path(data) or long_name
-        elif kind == GNU_LONG_NAME:
+        elif entry_type == GNU_LONG_NAME:
             long_name = data.rstrip(b"\0").decode("utf-8")
-        elif kind in REGULAR:
+        elif entry_type in REGULAR:
             yield long_name or _name(header), data
             long_name = None
-        elif kind != GLOBAL_PAX:
+        elif entry_type != GLOBAL_PAX:
             long_name = None
 
 
