@@ -106,6 +106,12 @@ def joins(job) -> list[dict]:
     return [e for e in (job.events.recorded if job.events else []) if e["kind"] == "join"]
 
 
+def changes(job) -> list[str]:
+    """The job's events other than steps, as it worded them: what a failed assertion shows."""
+    return [f"{e['wall_s']:.1f}s {e['message']}" for e in (job.events.recorded if job.events else [])
+            if e["kind"] != "step"]
+
+
 def wait_until(predicate, timeout: float, what: str, thread=None):
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -157,7 +163,7 @@ def test_learners_that_take_either_gpu_generation_land_on_both(autoscaling_head,
                "both learners stepping", thread)
     summary = stop_job(job, thread)
     labels = sorted(n["labels"]["chorus-accelerator"] for n in summary["nodes"])
-    assert labels == ["A10G", "V100"], summary["nodes"]
+    assert labels == ["A10G", "V100"], "\n".join([json.dumps(summary["nodes"]), *changes(job)])  # whole: a str
     kinds = summary["accelerators"]
     assert set(kinds) == {"V100", "A10G"} and all(len(k["learners"]) == 1 for k in kinds.values()), kinds
     assert all(k["samples_per_s"] > 0 for k in kinds.values()), kinds
