@@ -25,8 +25,9 @@ Measured:
   openvocab.yaml's model (forward, backward, optimizer step) over the kept batches in a new order
   (the model's utterances/s); the two processes start each window and each pass together. Each
   round's ratio: the slower learner's data over the faster learner's model. Target: >= 3x, met
-  when the ratio's lower quartile over the rounds is (a median above 3x and a quartile below is
-  a tie). The whole epoch's data rate over the median pass is kept too (`data_to_model_epoch`).
+  when the ratio's lower quartile over the rounds is at or above 3x (a median above 3x with a
+  quartile below is a tie). The whole epoch's data rate over the median pass is kept too
+  (`data_to_model_epoch`).
 - for comparison, the audio path (`data.shard_features=false`: decode, waveform augmentation,
   filterbanks) over the first `--audio-utterances` of each learner's half of the same epoch, and
   2,000 utterances of the next epoch without augmentation: what augmentation costs, told apart.

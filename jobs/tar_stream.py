@@ -59,8 +59,10 @@ def _number(field: bytes) -> int:
 
 
 def _name(header: bytes) -> str:
+    """The member's name; a POSIX (ustar or pax) header may split it into a prefix and a name, a
+    GNU header ("ustar  ") keeps other fields where the prefix would be."""
     name = header[:100].split(b"\0", 1)[0].decode("utf-8")
-    if header[257:262] == b"ustar":
+    if header[257:263] == b"ustar\0":
         prefix = header[345:500].split(b"\0", 1)[0].decode("utf-8")
         return f"{prefix}/{name}" if prefix else name
     return name
