@@ -199,17 +199,18 @@ def test_a_sweep_grows_the_cluster_for_its_trials_and_it_shrinks_after(autoscali
     assert not [g for g in ray.util.placement_group_table().values() if g["state"] != "REMOVED"]
 
 
-def node_processes(node_id: str) -> list[int]:
-    """The processes of the fake node `node_id`: its raylet and everything under it (the
-    provider starts each node's processes with the node's id in their environment)."""
+def node_processes(head: HeadNode, node_id: str) -> list[int]:
+    """The processes of `head`'s fake node `node_id`: its raylet and everything under it (the
+    provider starts each node's processes with the node's id in their environment). Only among
+    the head's own processes: every fake cluster numbers its nodes alike (ff..f00001, ...), so a
+    test beside this one (another pytest-xdist worker) has nodes with the same ids."""
     found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if f"RAY_OVERRIDE_NODE_ID_FOR_TESTING={node_id}".encode() in (entry / "environ").read_bytes():
-                    found.append(int(entry.name))
-            except OSError:
-                continue
+    for pid in head.pids():
+        try:
+            if f"RAY_OVERRIDE_NODE_ID_FOR_TESTING={node_id}".encode() in Path(f"/proc/{pid}/environ").read_bytes():
+                found.append(pid)
+        except OSError:
+            continue
     return found
 
 
@@ -221,7 +222,7 @@ def test_a_worker_node_lost_under_a_job_is_replaced_and_a_learner_joins_there(on
     wait_until(lambda: len(joins(job)) >= 2, 180, "2 learners joined", thread)
     victim = joins(job)[0]["node"]  # a node that hosts a learner (the autoscaler may have launched an idle one too)
     nodes_before = {n["NodeID"] for n in workers()}
-    pids = node_processes(victim)
+    pids = node_processes(one_node_per_type_head, victim)
     assert pids, "found no process of the node to kill"
     for pid in pids:
         os.kill(pid, signal.SIGKILL)
