@@ -19,7 +19,9 @@ no filterbanks computed in training.
 
 With `--engines espeak,festival,flite` the corpus has CMU flite's clustergen voices in training as
 well (`jobs/synth.py`; its own corpus folder, `-flite` in the results' names): whether a third
-engine's voices in training bring the held-out engine nearer.
+engine's voices in training bring the held-out engine nearer. With `--engines
+espeak,festival,flite,world` (`-flite-world`), the WORLD vocoder's higher-pitched conversions of the
+male Festival and flite voices too (`jobs/voice_conversion.py`).
 
 With `--set KEY=VALUE` (repeatable, as `chorus train --set`) the recipe is changed for an
 experiment, named by `--name` (its runs' folders and results file carry the name); the recipe's
@@ -29,7 +31,7 @@ Each run records the commit it ran at; `--first-seed 1 --repeats 2 --keep-runs` 
 an earlier file's seed 0 (refused unless the corpus is the same), the median then over all three.
 
 Usage: .venv/bin/python bench/openvocab.py [--repeats 3] [--wall-seconds 1800] [--hours 20] [--shard-features]
-       [--first-seed 0] [--keep-runs] [--engines auto|espeak,festival,flite] [--set KEY=VALUE --name NAME]
+       [--first-seed 0] [--keep-runs] [--engines auto|espeak,festival,flite[,world]] [--set KEY=VALUE --name NAME]
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ TARGETS = {"wer_test_lm": 25.0, "wer_test_unseen_engine_lm": 40.0, "lm_relative_
 def prepare(hours: float, seed: int = 0, mel_bins: int | None = None, engines: str = "auto") -> Path:
     """The corpus, its training shards (with `mel_bins`: carrying log-mels, in `shards-features`)
     and its trigram model (each made once)."""
-    corpus = WORK / f"corpus-{hours:g}h-{seed}{flite_tag(engines)}"
+    corpus = WORK / f"corpus-{hours:g}h-{seed}{engines_tag(engines)}"
     if not (corpus / "corpus.json").is_file():
         synthesize(corpus, eval_utterances=400, seed=seed, task="openvocab", hours=hours, engines=engines)
     shards = corpus / ("shards-features" if mel_bins else "shards")
@@ -82,8 +84,9 @@ def prepare(hours: float, seed: int = 0, mel_bins: int | None = None, engines: s
     return corpus
 
 
-def flite_tag(engines: str) -> str:
-    return "-flite" if "flite" in engines else ""
+def engines_tag(engines: str) -> str:
+    """The corpus's and results' names' mark of the engines beyond espeak-ng and Festival."""
+    return "".join(f"-{engine}" for engine in ("flite", "world") if engine in engines.split(","))
 
 
 def overrides(corpus: Path, wall_seconds: float, seed: int, shard_features: bool = False,
@@ -178,7 +181,8 @@ def main() -> int:
     parser.add_argument("--shard-features", action="store_true",
                         help="train on shards carrying log-mels (data.shard_features), augmented in that domain; "
                              "writes openvocab-shard-features.json")
-    parser.add_argument("--engines", choices=["auto", "espeak,festival,flite"], default="auto",
+    parser.add_argument("--engines", choices=["auto", "espeak,festival,flite", "espeak,festival,flite,world"],
+                        default="auto",
                         help="the corpus's engines (chorus synth --engines); flite's go in a corpus of their own")
     parser.add_argument("--set", dest="changes", action="append", default=[], metavar="KEY=VALUE",
                         help="an experiment: change the recipe so (repeatable); needs --name")
@@ -190,7 +194,7 @@ def main() -> int:
     started = time.time()
     mel_bins = load_spec(RECIPE, [], check_paths=False).workload_config.features.num_mel_bins
     corpus = prepare(args.hours, mel_bins=mel_bins if args.shard_features else None, engines=args.engines)
-    tag = flite_tag(args.engines) + (f"-{args.name}" if args.name else "")
+    tag = engines_tag(args.engines) + (f"-{args.name}" if args.name else "")
     out = RESULTS / f"openvocab{'-shard-features' if args.shard_features else ''}{tag}.json"
     seeds = range(args.first_seed, args.first_seed + args.repeats)
     runs = kept_runs(out, corpus, seeds) if args.keep_runs else []

@@ -18,8 +18,11 @@ Splits: `train`, `dev` and `test` use the training voices (dev and test with sen
 train); `test-unseen` uses espeak-ng voices never heard in training; `test-unseen-engine` (with
 Festival only) a synthesizer never heard in training. With `engines="espeak,festival,flite"`, CMU's
 flite speaks too: two of its clustergen voices (statistical parametric synthesis like HTS's, by
-another engine and other speakers than the held-out one) join the training voices. Everything is
-a function of the seed and of the engines used (`corpus.json` names them).
+another engine and other speakers than the held-out one) join the training voices. With
+`engines="espeak,festival,flite,world"`, those four male Festival and flite voices are also heard
+converted by the WORLD vocoder (`jobs/voice_conversion.py`: pitch and formants raised, envelope
+smoothed) as four more training voices ("world:<voice>"). Everything is a function of the seed and
+of the engines used (`corpus.json` names them).
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ import torch
 import torchaudio
 from tqdm import tqdm
 
-from jobs import open_text
+from jobs import open_text, voice_conversion
 from jobs.open_text import TextSplit
 
 VOCABULARY = (
@@ -68,6 +71,9 @@ FESTIVAL_PACKAGES = "festival festvox-kallpc16k festvox-kdlpc16k festvox-us-slt-
 FLITE_TRAIN_VOICES = ["flite:awb", "flite:rms"]
 FLITE_SHARE = 0.15  # more of the training splits' utterances spoken by another engine than espeak-ng
 FLITE_PACKAGES = "flite"
+# the other engines' (male) training voices, converted by the WORLD vocoder ("world:<voice>"), only when asked for
+WORLD_TRAIN_VOICES = [f"world:{voice}" for voice in FESTIVAL_TRAIN_VOICES + FLITE_TRAIN_VOICES]
+WORLD_SHARE = 0.15  # more of the training splits' utterances spoken by another engine than espeak-ng
 
 SPLITS = ("train", "dev", "test", "test-unseen", "test-unseen-engine")
 SAMPLE_RATE = 16_000
@@ -228,8 +234,13 @@ def is_festival(voice: str) -> bool:
 
 
 def is_external(voice: str) -> bool:
-    """Spoken by a process of its own (Festival, flite), not by espeak-ng in this one."""
-    return voice.startswith(tuple(EXTERNAL_ENGINES))
+    """Spoken by a process of its own (Festival, flite; converted or not), not by espeak-ng in this one."""
+    return base_voice(voice).startswith(tuple(EXTERNAL_ENGINES))
+
+
+def base_voice(voice: str) -> str:
+    """The voice that speaks a "world:<voice>" before its conversion (any other voice: itself)."""
+    return voice.removeprefix("world:")
 
 
 @dataclass(frozen=True)
@@ -252,13 +263,14 @@ class UtterancePlan:
 
 
 def plan_corpus(utterances: int, eval_utterances: int, seed: int, festival: bool = False,
-                text: TextSplit | None = None, flite: bool = False) -> list[UtterancePlan]:
+                text: TextSplit | None = None, flite: bool = False, world: bool = False) -> list[UtterancePlan]:
     """Every utterance's split, voice and sentence, from the seed (and whether Festival, and with
-    it flite, speak) alone. Sentences of the evaluation splits never occur in train. Without Festival there is no
-    `test-unseen-engine` split, and the plan is the one espeak-ng alone always had. With `text`
-    (the `openvocab` task) the sentences are its own: train's in an order shuffled by the seed,
-    again in a new order when there are more utterances than sentences (each time another voice
-    and prosody), dev's and test's in order (every test-like split speaks the test sentences)."""
+    it flite, and with that WORLD's conversions, speak) alone. Sentences of the evaluation splits
+    never occur in train. Without Festival there is no `test-unseen-engine` split, and the plan is
+    the one espeak-ng alone always had. With `text` (the `openvocab` task) the sentences are its
+    own: train's in an order shuffled by the seed, again in a new order when there are more
+    utterances than sentences (each time another voice and prosody), dev's and test's in order
+    (every test-like split speaks the test sentences)."""
     rng = np.random.default_rng(seed)
     seen: set[str] = set()
 
@@ -276,9 +288,9 @@ def plan_corpus(utterances: int, eval_utterances: int, seed: int, festival: bool
 
     splits = SPLITS if festival else SPLITS[:-1]
     counts = {split: utterances if split == "train" else eval_utterances for split in splits}
-    others = FESTIVAL_TRAIN_VOICES + (FLITE_TRAIN_VOICES if flite else [])  # spoken by other engines
-    train_voices = TRAIN_VOICES + (others if festival else [])
-    share = FESTIVAL_SHARE + (FLITE_SHARE if flite else 0.0)
+    others = FESTIVAL_TRAIN_VOICES + (FLITE_TRAIN_VOICES if flite else []) + (WORLD_TRAIN_VOICES if world else [])
+    train_voices = TRAIN_VOICES + (others if festival else [])  # others: spoken by other engines
+    share = FESTIVAL_SHARE + (FLITE_SHARE if flite else 0.0) + (WORLD_SHARE if world else 0.0)
     voices_of = {"test-unseen": UNSEEN_VOICES, "test-unseen-engine": UNSEEN_ENGINE_VOICES}
     first_speakers = {"test-unseen": 1000 + len(train_voices),
                       "test-unseen-engine": 1000 + len(train_voices) + len(UNSEEN_VOICES)}
@@ -374,8 +386,13 @@ def _write_chunk(job: tuple[list[UtterancePlan], str]) -> list[tuple[str, float]
     torch.set_num_threads(1)
     external = {}
     for prefix, spoken_by in EXTERNAL_ENGINES.items():
-        external |= spoken_by.speak_all([(p.utt_id, p.text, p.voice, festival_stretch(*_prosody(p)[1:]))
-                                         for p in plans if p.voice.startswith(prefix)])
+        external |= spoken_by.speak_all([(p.utt_id, p.text, base_voice(p.voice), festival_stretch(*_prosody(p)[1:]))
+                                         for p in plans if base_voice(p.voice).startswith(prefix)])
+    for plan in plans:
+        if plan.voice != base_voice(plan.voice):
+            pcm, rate = external[plan.utt_id]
+            converted = voice_conversion.convert(pcm, rate, seed=plan.seed + 1)  # + 1: not the prosody's draws
+            external[plan.utt_id] = (np.clip(converted * 32768.0, -32768, 32767).astype(np.int16), rate)
     engine = Espeak() if any(not is_external(p.voice) for p in plans) else None
     written = []
     for plan in plans:
@@ -390,8 +407,13 @@ def _write_chunk(job: tuple[list[UtterancePlan], str]) -> list[tuple[str, float]
 def check_voices(voices: list[str]) -> None:
     """Fail early, naming every voice its engine does not have."""
     engine, known = Espeak(), {v for prefix, spoken_by in EXTERNAL_ENGINES.items()
-                               if any(v.startswith(prefix) for v in voices) for v in spoken_by.voices()}
-    missing = [v for v in voices if not (v in known if is_external(v) else engine.has_voice(v))]
+                               if any(base_voice(v).startswith(prefix) for v in voices) for v in spoken_by.voices()}
+    missing = [v for v in voices if not (base_voice(v) in known if is_external(v) else engine.has_voice(v))]
+    if any(v != base_voice(v) for v in voices):
+        try:
+            voice_conversion.pyworld()  # an error now, naming what is missing, not in every worker
+        except voice_conversion.VoiceConversionError as exc:
+            raise SynthError(str(exc)) from None
     if missing:
         raise SynthError(f"voices not found: {', '.join(missing)}")
 
@@ -415,7 +437,7 @@ def use_festival(engines: str) -> bool:
 
 def use_flite(engines: str) -> bool:
     """Whether flite speaks too: only when `engines` names it (an error when it is not installed)."""
-    if engines != "espeak,festival,flite":
+    if "flite" not in engines.split(","):
         return False
     missing = sorted(set(FLITE_TRAIN_VOICES) - Flite.voices())
     if missing:
@@ -423,7 +445,12 @@ def use_flite(engines: str) -> bool:
     return True
 
 
-ENGINE_CHOICES = ("auto", "espeak", "espeak,festival", "espeak,festival,flite")
+ENGINE_CHOICES = ("auto", "espeak", "espeak,festival", "espeak,festival,flite", "espeak,festival,flite,world")
+
+
+def use_world(engines: str) -> bool:
+    """Whether the WORLD vocoder's conversions of Festival's and flite's voices speak too."""
+    return "world" in engines.split(",")
 
 
 def _pool_context():
@@ -459,7 +486,9 @@ def synthesize(out: str | Path, utterances: int = 2000, eval_utterances: int | N
     eval_utterances = eval_utterances if eval_utterances is not None else (
         OPEN_EVAL_UTTERANCES if text is not None else max(20, utterances // 10))
     festival = use_festival(engines)
-    plans = plan_corpus(utterances, eval_utterances, seed, festival, text, flite=festival and use_flite(engines))
+    flite = festival and use_flite(engines)
+    plans = plan_corpus(utterances, eval_utterances, seed, festival, text, flite=flite,
+                        world=flite and use_world(engines))
     check_voices(sorted({p.voice for p in plans}))
     out.mkdir(parents=True, exist_ok=True)
     workers = workers or min(mp.cpu_count(), 8)
@@ -502,7 +531,7 @@ def _write_indexes(out: Path, plans: list[UtterancePlan], durations: dict[str, f
     splits = [split for split in SPLITS if any(p.split == split for p in plans)]
     voices = {split: sorted({p.voice for p in plans if p.split == split}) for split in splits}
     summary = {"seed": seed, "sample_rate": SAMPLE_RATE, "splits": {},
-               "engines": ["espeak-ng"] + [prefix.rstrip(":") for prefix in EXTERNAL_ENGINES
+               "engines": ["espeak-ng"] + [prefix.rstrip(":") for prefix in (*EXTERNAL_ENGINES, "world:")
                                             if any(p.voice.startswith(prefix) for p in plans)],
                "voices": {"train": voices["train"], **{s: voices[s] for s in splits if s.startswith("test-unseen")}}}
     for split in splits:

@@ -78,10 +78,10 @@ def main():
               help="Utterances in each of dev, test and test-unseen [default: max(20, utterances/10)].")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--workers", type=int, default=None, help="Processes [default: CPU count].")
-@click.option("--engines", type=click.Choice(["auto", "espeak", "espeak,festival", "espeak,festival,flite"]),
-              default="auto", show_default=True,
+@click.option("--engines", type=click.Choice(["auto", "espeak", "espeak,festival", "espeak,festival,flite",
+                                                 "espeak,festival,flite,world"]), default="auto", show_default=True,
               help="Speech engines: auto adds Festival (and test-unseen-engine) when its voices are installed; "
-                   "flite's voices join training only when named.")
+                   "flite's voices, and WORLD's conversions of them and Festival's, join training only when named.")
 @click.option("--task", type=click.Choice(["commands", "openvocab"]), default="commands", show_default=True,
               help="commands: a 38-word vocabulary; openvocab: real English sentences (Debian's fortunes).")
 @click.option("--hours", type=click.FloatRange(min=0, min_open=True), default=None,
