@@ -49,12 +49,14 @@ class HeadNode:
     dashboard (run Ray's dashboard, which also serves the Jobs API and writes the Prometheus
     config; a head for the autoscaler alone does without its dozen processes), node_ip (the
     address the head listens and advertises on: loopback, or a bridge's for `testing.hosts`),
-    system_config (Ray's `--system-config` besides metrics every second), object_store_bytes."""
+    system_config (Ray's `--system-config` besides metrics every second), object_store_bytes,
+    temp_prefix (the name of its folder in /tmp begins so; whoever cleans up after a killed owner
+    finds it by that)."""
 
     def __init__(self, cpus: int = 3, token: bool = True, autoscaling: dict | None = None, env: dict | None = None,
                  dashboard: bool = True, node_ip: str = "127.0.0.1", system_config: dict | None = None,
-                 object_store_bytes: int | None = None):
-        self.temp_dir = Path(tempfile.mkdtemp(prefix="chorus-head-", dir="/tmp"))  # short: Ray's socket paths
+                 object_store_bytes: int | None = None, temp_prefix: str = "chorus-head-"):
+        self.temp_dir = Path(tempfile.mkdtemp(prefix=temp_prefix, dir="/tmp"))  # short: Ray's socket paths
         self.token_file = self.temp_dir / "auth_token"
         self.env = {**os.environ, "PATH": f"{BIN}:{os.environ.get('PATH', '')}", "RAY_AUTH_MODE": "disabled",
                     **(env or {})}

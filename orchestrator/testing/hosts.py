@@ -21,7 +21,8 @@ host name instead of the node's address fails as it would on such hosts.
 Everything is removed by `close()` (also at interpreter exit, and on the way out of `with`): Ray's
 processes by their PIDs (never `ray stop`), the links, the namespaces, the bridge. A process that
 died without closing leaves its index claimed by a dead PID; the next `Hosts` on the machine
-removes what it left (the Ray processes whose command lines name its subnet, then its network).
+removes what it left (the Ray processes whose command lines name its subnet, the head's folder in
+/tmp, then its network).
 Indices are claimed under a file lock, so several processes (pytest-xdist workers) can each have
 hosts at once.
 
@@ -114,7 +115,8 @@ class Hosts:
             if rate is not None:
                 self.shape(None, rate, burst)
             self.head = HeadNode(cpus=head_cpus, token=False, dashboard=False, node_ip=self.bridge_address,
-                                 system_config=system_config, object_store_bytes=OBJECT_STORE_BYTES)
+                                 system_config=system_config, object_store_bytes=OBJECT_STORE_BYTES,
+                                 temp_prefix=head_folder_prefix(k))
             for host in self.hosts:
                 self.start_node(host.index, wait=False)
             self._wait_for_nodes(len(self.hosts) + 1)
@@ -315,27 +317,39 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def head_folder_prefix(k: int) -> str:
+    """How the name of the folder in /tmp of index `k`'s Ray head begins."""
+    return f"chorus-head-h{k}-"
+
+
+def _head_folders(k: int) -> list[Path]:
+    return sorted(Path("/tmp").glob(f"{head_folder_prefix(k)}*"))
+
+
 def _remove_leftovers(k: int) -> None:
     """What a process that died holding index `k` left: its Ray processes (their command lines
-    name the subnet), then its network."""
+    name the subnet), its head's folder in /tmp, then its network."""
     marker = f"198.18.{k}.".encode()
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit() and int(entry.name) != os.getpid():
             with contextlib.suppress(OSError):
                 if marker in (entry / "cmdline").read_bytes():
                     os.kill(int(entry.name), signal.SIGKILL)
+    for folder in _head_folders(k):
+        shutil.rmtree(folder, ignore_errors=True)
     _remove_network(k)
 
 
 def remnants(k: int) -> list[str]:
     """What is left of the hosts of index `k` (after `close`, nothing): processes whose command
-    line names its subnet, its namespaces, links and hosts files."""
+    line names its subnet, its head's folder in /tmp, its namespaces, links and hosts files."""
     marker, left = f"198.18.{k}.".encode(), []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit() and int(entry.name) != os.getpid():
             with contextlib.suppress(OSError):
                 if marker in (entry / "cmdline").read_bytes():
                     left.append(f"process {entry.name}")
+    left += [f"head folder {folder}" for folder in _head_folders(k)]
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
     left += [f"namespace {n}" for n in listed if n.startswith(f"chorus{k}h")]
     left += [f"link {name}" for name in _links() if name.startswith(f"chv{k}h") or name == f"chb{k}"]

@@ -119,14 +119,15 @@ def test_cross_host_traffic_goes_through_the_shaped_links_and_nothing_remains(co
 
 def test_what_a_killed_owner_left_is_removed_by_the_next_hosts():
     """A process killed while it holds hosts (SIGKILL: no cleanup of its own runs) leaves its
-    namespaces, links and Ray processes; the next `Hosts` made on the machine removes them."""
+    namespaces, links, Ray processes and the head's folder in /tmp; the next `Hosts` made on the
+    machine removes them."""
     child = subprocess.Popen([sys.executable, "-c", "import time; from orchestrator.testing.hosts import Hosts; "
                               "h = Hosts(count=1, cpus=1); print(h.index, flush=True); time.sleep(600)"],
                              stdout=subprocess.PIPE, text=True, cwd=ROOT)
     try:
         index = int(child.stdout.readline())
         left = remnants(index)
-        assert any(r.startswith("namespace") for r in left) and any(r.startswith("process") for r in left), left
+        assert all(any(r.startswith(what) for r in left) for what in ("namespace", "process", "head folder")), left
     finally:
         child.kill()
         child.wait()
