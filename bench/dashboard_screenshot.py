@@ -1,6 +1,6 @@
 """A screenshot of the Ray dashboard's Jobs page showing a Chorus job, for the README.
 
-Starts a Ray head node on loopback (`orchestrator.local_head`), submits a short 2-learner gossip
+Starts a Ray head node on loopback (`orchestrator.cluster.local_head`), submits a short 2-learner gossip
 job with `chorus submit --follow` (a corpus made by `jobs/synth.py` in a temp dir), and has
 headless Chromium (Debian's `chromium`) render http://127.0.0.1:PORT/#/jobs. Writes
 `docs/ray_dashboard_jobs.png` and `bench/results/dashboard_screenshot.json` (the job, its status,
@@ -25,7 +25,7 @@ RESULT = ROOT / "bench" / "results" / "dashboard_screenshot.json"
 
 def main() -> None:
     from jobs.synth import synthesize
-    from orchestrator.local_head import BIN, HeadNode
+    from orchestrator.cluster.local_head import BIN, HeadNode
 
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     if browser is None:

@@ -52,8 +52,8 @@ from _common import MIN_REPEATS, sigkill, summary, write_results  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from jobs.synth import synthesize  # noqa: E402
-from orchestrator.config import load_spec  # noqa: E402
-from orchestrator.job import TrainingJob  # noqa: E402
+from orchestrator.driver.config import load_spec  # noqa: E402
+from orchestrator.driver.job import TrainingJob  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"

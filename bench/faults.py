@@ -95,12 +95,12 @@ from _common import commit  # noqa: E402
 
 from jobs.data import DataError, shard_batches  # noqa: E402
 from jobs.synth import synthesize  # noqa: E402
-from orchestrator.capacity import CapacityTimeout  # noqa: E402
-from orchestrator.checkpoint import CheckpointError, load_latest, numbered  # noqa: E402
-from orchestrator.checkpoint import load as load_checkpoint  # noqa: E402
-from orchestrator.config import parse_spec  # noqa: E402
-from orchestrator.job import TrainingDiverged, TrainingJob  # noqa: E402
-from orchestrator.rundir import RunDirError  # noqa: E402
+from orchestrator.cluster.capacity import CapacityTimeout  # noqa: E402
+from orchestrator.checkpoint.files import CheckpointError, load_latest, numbered  # noqa: E402
+from orchestrator.checkpoint.files import load as load_checkpoint  # noqa: E402
+from orchestrator.driver.config import parse_spec  # noqa: E402
+from orchestrator.driver.job import TrainingDiverged, TrainingJob  # noqa: E402
+from orchestrator.checkpoint.rundir import RunDirError  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 WORK = ROOT / "bench" / "work" / "faults"

@@ -43,9 +43,9 @@ from _common import interleaved, summary, write_results  # noqa: E402
 from jobs.sections import DecodingConfig  # noqa: E402
 from jobs.synth import data_overrides, synthesize  # noqa: E402
 from jobs.workload import AsrWorkload  # noqa: E402
-from orchestrator.checkpoint import load  # noqa: E402
-from orchestrator.config import JobSpec, load_spec  # noqa: E402
-from orchestrator.job import TrainingJob  # noqa: E402
+from orchestrator.checkpoint.files import load  # noqa: E402
+from orchestrator.driver.config import JobSpec, load_spec  # noqa: E402
+from orchestrator.driver.job import TrainingJob  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 WORK = ROOT / "bench" / "work" / "generalization"

@@ -61,9 +61,10 @@ from _common import compare, interleaved, summary, write_results  # noqa: E402
 from gpu_learners import RECIPES, measure  # noqa: E402
 
 from jobs.synth import synthesize  # noqa: E402
-from orchestrator.capacity import place_learners, release  # noqa: E402
-from orchestrator.config import load_spec  # noqa: E402
-from orchestrator.groups import AllreduceMember, GossipMember  # noqa: E402
+from orchestrator.cluster.capacity import place_learners, release  # noqa: E402
+from orchestrator.driver.config import load_spec  # noqa: E402
+from orchestrator.groups.allreduce import AllreduceMember  # noqa: E402
+from orchestrator.groups.gossip import GossipMember  # noqa: E402
 from orchestrator.groups.overlap import BUCKET_BYTES  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
@@ -80,7 +81,7 @@ def step_seconds(corpus: Path, device: str, repeats: int, steps: int, batch_seco
     import warnings
 
     from jobs.workload import AsrWorkload
-    from orchestrator.learner import cudnn_weights, flat_weight_buffer
+    from orchestrator.base.flat import cudnn_weights, flat_weight_buffer
 
     setups = {}
     for model_name, overrides in MODELS.items():
@@ -131,7 +132,7 @@ class Peer:
         self.vector = None
 
     def address(self) -> str:
-        from orchestrator.local_head import free_port
+        from orchestrator.cluster.local_head import free_port
 
         return f"{ray.util.get_node_ip_address()}:{free_port()}"
 

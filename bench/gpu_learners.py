@@ -1,7 +1,7 @@
 """bench/gpu.py's `learners` part: how busy one GPU is kept, per recipe (tiny.yaml and
 conformer_gpu.yaml), on the same corpus, batch plan and GPU, in interleaved windows (`_common`):
 
-- `chorus_1`: one Chorus learner (`orchestrator.learner.Learner`, as a one-learner job runs it),
+- `chorus_1`: one Chorus learner (`orchestrator.learner.replica.Learner`, as a one-learner job runs it),
   its batches prepared by `data.workers` processes, their augmentation and filterbanks on the GPU
   (`features.compute_on: auto`);
 - `chorus_2_sharing`: two such learners on the one GPU (each as with `gpus_per_learner: 0.5`),
@@ -39,7 +39,7 @@ RECIPES = {"tiny": ("tiny.yaml", ["data.max_batch_seconds=320"]),
 
 def recipe_config(recipe: str, corpus: Path, workers: int, compute_on: str, cpu_overrides: list[str]) -> dict:
     """The recipe's workload sections on `corpus`'s training split, no evaluation splits."""
-    from orchestrator.config import load_spec
+    from orchestrator.driver.config import load_spec
 
     spec_file, overrides = RECIPES[recipe]
     spec = load_spec(ROOT / "jobs" / "configs" / spec_file, [*overrides,
@@ -100,8 +100,8 @@ class ChorusLearner:
     """A Chorus learner in its own process, trained in timed windows."""
 
     def __init__(self, config: dict, threads: int):
-        from orchestrator.learner import Learner
-        from orchestrator.shards import ShardPlanner
+        from orchestrator.learner.replica import Learner
+        from orchestrator.service.shards import ShardPlanner
 
         self.learner = Learner("asr", config, seed=0, learner_id=0, planner=ShardPlanner([0]), threads=threads,
                                use_gpu=True)

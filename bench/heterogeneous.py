@@ -54,11 +54,11 @@ import ray  # noqa: E402
 from _common import interleaved, summary, write_results  # noqa: E402
 
 from jobs.synth import synthesize  # noqa: E402
-from orchestrator.capacity import place_learners, release  # noqa: E402
-from orchestrator.config import load_spec  # noqa: E402
-from orchestrator.groups import SoloMember  # noqa: E402
-from orchestrator.job import TrainingJob  # noqa: E402
-from orchestrator.runtime import fetch  # noqa: E402
+from orchestrator.cluster.capacity import place_learners, release  # noqa: E402
+from orchestrator.cluster.runtime import fetch  # noqa: E402
+from orchestrator.driver.config import load_spec  # noqa: E402
+from orchestrator.driver.job import TrainingJob  # noqa: E402
+from orchestrator.groups.solo import SoloMember  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 WORK = ROOT / "bench" / "work" / "heterogeneous"

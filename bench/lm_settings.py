@@ -35,8 +35,8 @@ from _common import commit, write_results  # noqa: E402
 from openvocab import RECIPE, WORK, overrides  # noqa: E402
 
 from jobs.workload import AsrWorkload  # noqa: E402
-from orchestrator.checkpoint import load  # noqa: E402
-from orchestrator.config import load_spec  # noqa: E402
+from orchestrator.checkpoint.files import load  # noqa: E402
+from orchestrator.driver.config import load_spec  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 CORPUS = WORK / "corpus-20h-0"

@@ -77,8 +77,8 @@ from _common import MIN_REPEATS, compare, interleaved, summary, write_results  #
 from ray import cloudpickle  # noqa: E402
 
 from jobs.synth import synthesize  # noqa: E402
-from orchestrator.config import load_spec  # noqa: E402
-from orchestrator.job import TrainingJob  # noqa: E402
+from orchestrator.driver.config import load_spec  # noqa: E402
+from orchestrator.driver.job import TrainingJob  # noqa: E402
 from orchestrator.testing.hosts import Hosts  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"

@@ -57,9 +57,9 @@ from jobs.audio_shards import write_audio_shards  # noqa: E402
 from jobs.ngram import write_lm  # noqa: E402
 from jobs.synth import synthesize  # noqa: E402
 from jobs.workload import AsrWorkload  # noqa: E402
-from orchestrator.checkpoint import load  # noqa: E402
-from orchestrator.config import load_spec  # noqa: E402
-from orchestrator.job import TrainingJob  # noqa: E402
+from orchestrator.checkpoint.files import load  # noqa: E402
+from orchestrator.driver.config import load_spec  # noqa: E402
+from orchestrator.driver.job import TrainingJob  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 WORK = ROOT / "bench" / "work" / "openvocab"

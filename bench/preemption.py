@@ -50,8 +50,8 @@ def wait(what: str, condition, timeout: float = 180.0):
 
 
 def one_run(cluster, corpus: Path, group: str, fault: str, out: Path) -> dict:
-    from orchestrator.config import parse_spec
-    from orchestrator.job import TrainingJob
+    from orchestrator.driver.config import parse_spec
+    from orchestrator.driver.job import TrainingJob
 
     node_b = cluster.add_node(num_cpus=1, resources={"learner_slot": 1})
     cluster.wait_for_nodes()
@@ -119,7 +119,7 @@ def main() -> None:
     from ray.cluster_utils import Cluster
 
     from jobs.synth import synthesize
-    from orchestrator.local_head import free_port
+    from orchestrator.cluster.local_head import free_port
 
     work = Path(tempfile.mkdtemp(prefix="chorus-preemption-"))
     corpus = work / "corpus"

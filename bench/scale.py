@@ -67,9 +67,9 @@ import ray  # noqa: E402
 from _common import commit  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from orchestrator.config import parse_spec  # noqa: E402
-from orchestrator.job import TrainingJob  # noqa: E402
-from orchestrator.loop import CHUNK_STEPS  # noqa: E402
+from orchestrator.driver.config import parse_spec  # noqa: E402
+from orchestrator.driver.job import TrainingJob  # noqa: E402
+from orchestrator.driver.loop import CHUNK_STEPS  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 WORK = ROOT / "bench" / "work" / "scale"

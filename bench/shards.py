@@ -62,9 +62,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 from _common import commit, interleaved, summary, write_results  # noqa: E402
 
 from jobs.audio_shards import write_audio_shards  # noqa: E402
-from orchestrator.config import load_spec  # noqa: E402
-from orchestrator.local_head import BIN, free_port  # noqa: E402
-from orchestrator.runtime import LEARNER_MALLOC_ARENAS  # noqa: E402
+from orchestrator.cluster.local_head import BIN, free_port  # noqa: E402
+from orchestrator.cluster.runtime import LEARNER_MALLOC_ARENAS  # noqa: E402
+from orchestrator.driver.config import load_spec  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 WORK = ROOT / "bench" / "work" / "shards"
@@ -132,7 +132,7 @@ def startup_s(train: str, repeat: int) -> float:
     """A 2-learner job of the recipe on `train`: seconds from its start to its first step."""
     import ray
 
-    from orchestrator.job import TrainingJob
+    from orchestrator.driver.job import TrainingJob
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:

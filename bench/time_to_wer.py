@@ -51,8 +51,8 @@ from heterogeneous import BATCH_SECONDS, FACTOR, LEARNERS, SLOW, _slow_allreduce
 from ray import cloudpickle  # noqa: E402
 
 from jobs.synth import synthesize  # noqa: E402
-from orchestrator.config import load_spec  # noqa: E402
-from orchestrator.job import TrainingJob  # noqa: E402
+from orchestrator.driver.config import load_spec  # noqa: E402
+from orchestrator.driver.job import TrainingJob  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 WORK = ROOT / "bench" / "work" / "time_to_wer"

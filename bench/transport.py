@@ -58,8 +58,9 @@ import ray  # noqa: E402
 import torch  # noqa: E402
 from _common import summary  # noqa: E402
 
-from orchestrator.capacity import place_learners, release  # noqa: E402
-from orchestrator.groups import AllreduceMember, GossipMember  # noqa: E402
+from orchestrator.cluster.capacity import place_learners, release  # noqa: E402
+from orchestrator.groups.allreduce import AllreduceMember  # noqa: E402
+from orchestrator.groups.gossip import GossipMember  # noqa: E402
 from orchestrator.groups.overlap import BUCKET_BYTES  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"

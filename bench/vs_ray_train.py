@@ -48,8 +48,8 @@ import ray  # noqa: E402
 from _common import compare, interleaved, summary, write_results  # noqa: E402
 
 from jobs.synth import synthesize  # noqa: E402
-from orchestrator.config import load_spec  # noqa: E402
-from orchestrator.job import TrainingJob  # noqa: E402
+from orchestrator.driver.config import load_spec  # noqa: E402
+from orchestrator.driver.job import TrainingJob  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 WORK = ROOT / "bench" / "work" / "vs_ray_train"

@@ -31,7 +31,7 @@ OUT = ROOT / "docs" / "spec.md"
 # (title, "module:Model", where it is used, and for a section whose class is chosen at runtime, a
 # function listing the candidates as (name, model, intro), or None)
 SPECS = [
-    ("Job spec", "orchestrator.config:JobSpec",
+    ("Job spec", "orchestrator.driver.config:JobSpec",
      "`chorus train SPEC`, `chorus submit SPEC`; every trial of a sweep is one. Example: `jobs/configs/tiny.yaml`.",
      lambda: workload_configs()),
     ("Sweep spec", "search.spec:SweepSpec",
@@ -405,7 +405,7 @@ def workload_configs() -> list[tuple[str, type, str]]:
 
 
 def _default_workload() -> str:
-    from orchestrator.config import JobSpec
+    from orchestrator.driver.config import JobSpec
 
     return JobSpec.model_fields["workload"].default
 

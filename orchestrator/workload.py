@@ -42,7 +42,7 @@ EVAL_SPLITS = ("dev", "test", "test_unseen", "test_unseen_engine")  # dev while 
 class Batch(Protocol):
     """A batch; `size` samples (what shares and sample counts count). It may also have `halves()`:
     itself as two batches, None for one sample (a learner short of device memory trains those,
-    `orchestrator/memory_fit.py`; a batch without it is skipped there instead)."""
+    `orchestrator/learner/memory_fit.py`; a batch without it is skipped there instead)."""
 
     size: int
 

@@ -1,5 +1,5 @@
 """A sweep's progress as metrics: a Ray Tune callback in the sweep's driver that keeps the gauges of
-`orchestrator.metrics.SweepMetrics` current (trials by state, the best metric so far), for the
+`orchestrator.driver.metrics.SweepMetrics` current (trials by state, the best metric so far), for the
 Grafana dashboard's sweep panels."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections import Counter
 
 from ray.tune import Callback
 
-from orchestrator.metrics import SweepMetrics
+from orchestrator.driver.metrics import SweepMetrics
 
 
 class SweepGauges(Callback):

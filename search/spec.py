@@ -18,7 +18,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from orchestrator.config import JobSpec, SpecError, apply_overrides, parse_spec
+from orchestrator.driver.config import JobSpec, SpecError, apply_overrides, parse_spec
 from orchestrator.workload import EVAL_SPLITS, workload_class
 from search.space import Space
 

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from orchestrator import strict_json
+from orchestrator.base import strict_json
 from search.spec import SweepSpec
 
 EXPERIMENT = "tune"  # OUT/tune: Tune's experiment folder
@@ -60,7 +60,7 @@ def run_sweep(sweep: SweepSpec, out: str | Path, resume: bool = False, trainable
     """
     from ray import tune
 
-    from orchestrator.cluster import use_gpus
+    from orchestrator.cluster.resources import use_gpus
     from search.trial import run_trial, trial_resources, trial_scratch
 
     out = Path(out).resolve()
@@ -91,7 +91,7 @@ def run_sweep(sweep: SweepSpec, out: str | Path, resume: bool = False, trainable
 def _check_fits(pgf) -> None:
     """Fail at once when not even one trial fits the cluster, even once its autoscaler (if any)
     has launched every node it may (instead of waiting)."""
-    from orchestrator.cluster import most_resources
+    from orchestrator.cluster.resources import most_resources
 
     total = most_resources()
     need: dict[str, float] = {}

@@ -32,7 +32,7 @@ def trial_resources(sweep, learners: int, use_gpus: bool):
     """The PlacementGroupFactory of a trial with `learners` learners."""
     from ray.tune import PlacementGroupFactory
 
-    from orchestrator.capacity import learner_bundle
+    from orchestrator.cluster.capacity import learner_bundle
 
     gpus = (sweep.job.get("gpus_per_learner") or 1.0) if use_gpus else 0.0
     learner = learner_bundle(sweep.learner_cpus, gpus, sweep.job.get("learner_resources") or {})
@@ -71,10 +71,10 @@ def run_trial(config: dict, sweep_raw: dict) -> None:
     """The trainable: train the trial's job, reporting every epoch with a checkpoint."""
     from ray import tune
 
-    from orchestrator import strict_json
-    from orchestrator.capacity import BundlePool
-    from orchestrator.job import TrainingJob
-    from orchestrator.runtime import RayRuntime
+    from orchestrator.base import strict_json
+    from orchestrator.cluster.capacity import BundlePool
+    from orchestrator.cluster.runtime import RayRuntime
+    from orchestrator.driver.job import TrainingJob
     from search.spec import SweepSpec
 
     sweep = SweepSpec.model_validate(sweep_raw)

@@ -80,7 +80,7 @@ def _start_cluster(worker_resources: dict):
     import ray
     from ray.cluster_utils import Cluster
 
-    from orchestrator.local_head import free_port
+    from orchestrator.cluster.local_head import free_port
 
     cluster = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 2, "include_dashboard": False, "_system_config": SYSTEM_CONFIG,
@@ -377,7 +377,7 @@ def _with_fields(spec: dict, fields: dict, raw: bool):
             spec[section] = value
     if raw:
         return spec
-    from orchestrator.config import parse_spec
+    from orchestrator.driver.config import parse_spec
 
     return parse_spec(spec)
 
@@ -452,7 +452,7 @@ def run_cli(*args: str, entry_point: bool = False, **kwargs) -> subprocess.Compl
     the installed `chorus` script), its output captured as text. `kwargs` go to subprocess.run
     (cwd, env, timeout)."""
     if entry_point:
-        from orchestrator.local_head import BIN
+        from orchestrator.cluster.local_head import BIN
 
         command = [str(BIN / "chorus")]
     else:

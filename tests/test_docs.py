@@ -1,5 +1,6 @@
-"""The docs stay true: docs/spec.md is what the spec models generate, every YAML example in the
-README validates, the README stays short, and the docs' relative links lead to files that exist."""
+"""The docs stay true: docs/spec.md is what the spec models generate, docs/architecture.dot what the
+tree draws, every YAML example in the README validates, the README stays short, and the docs'
+relative links lead to files that exist."""
 
 from __future__ import annotations
 
@@ -24,6 +25,12 @@ def test_spec_reference_is_current():
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+def test_architecture_picture_is_drawn_from_the_tree():
+    proc = subprocess.run([sys.executable, "docs/make_architecture.py", "--check"], cwd=ROOT,
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
 def _yaml_blocks(path: Path) -> list[str]:
     return re.findall(r"^```yaml\n(.*?)^```", path.read_text(), flags=re.S | re.M)
 
@@ -31,7 +38,7 @@ def _yaml_blocks(path: Path) -> list[str]:
 def test_readme_yaml_examples_validate(tmp_path, monkeypatch):
     """A block with a `space` is a sweep spec (loaded as `chorus sweep` would); any other block is
     a part of a job spec, checked on top of the demo's tiny.yaml."""
-    from orchestrator.config import parse_spec
+    from orchestrator.driver.config import parse_spec
     from search.spec import load_sweep
 
     monkeypatch.chdir(ROOT)  # the examples name files relative to the repository

@@ -51,7 +51,7 @@ def _grep(pattern: str, *packages: str) -> list[str]:
 
 
 def test_ray_or_not_is_decided_in_the_runtime_only():
-    hits = [h for h in _grep(r"\buse_ray\b", *PACKAGES, "bench") if not h.startswith("orchestrator/runtime.py")]
+    hits = [h for h in _grep(r"\buse_ray\b", *PACKAGES, "bench") if not h.startswith("orchestrator/cluster/runtime.py")]
     assert hits == [], hits
 
 
@@ -71,3 +71,116 @@ def test_every_module_says_what_it_owns():
     missing = [str(p.relative_to(ROOT)) for p in _sources(*PACKAGES)
                if p.name != "__init__.py" and ast.get_docstring(ast.parse(p.read_text())) is None]
     assert missing == [], missing
+
+
+MAX_MODULE_LINES = 400
+# The orchestrator's packages, bottom to top: a module may import its own layer's and those below,
+# never one above (`testing/` is outside: helpers for tests and benchmarks that may use anything).
+# `search/` (the Tune layer) sits between the driver it runs trials with and the CLI.
+LAYERS = {"base": 0, "workload": 0, "groups": 1, "learner": 2, "service": 3, "cluster": 3, "checkpoint": 3,
+          "driver": 4, "search": 5, "cli": 6}
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path, modules: set[str]) -> set[str]:
+    """Every module of `modules` that `path` imports, at the top or inside a function (a lazy
+    import holds a circle open as well), with the packages whose `__init__` such an import runs."""
+    found, me = set(), _module_name(path)
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        for name in names:
+            parts = name.split(".")
+            found |= {".".join(parts[:i]) for i in range(1, len(parts) + 1)} & modules
+    # a package's own modules run its `__init__` anyway: that is no edge of theirs
+    return {m for m in found if m != me and not me.startswith(m + ".")}
+
+
+def _import_graph(*packages: str) -> dict[str, set[str]]:
+    paths = list(_sources(*packages))
+    modules = {_module_name(p) for p in paths}
+    return {_module_name(p): _imports(p, modules) for p in paths}
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The graph's strongly connected components of more than one module (Tarjan's algorithm)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for after in sorted(graph.get(node, ())):
+            if after not in index:
+                visit(after)
+                low[node] = min(low[node], low[after])
+            elif after in on_stack:
+                low[node] = min(low[node], index[after])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def _layer(module: str) -> int | None:
+    parts = module.split(".")
+    if parts[0] == "search":
+        return LAYERS["search"]
+    return LAYERS.get(parts[1]) if parts[0] == "orchestrator" and len(parts) > 1 else None
+
+
+def test_the_imports_of_the_orchestrator_and_search_form_no_circle():
+    graph = _import_graph("orchestrator", "search")
+    print(f"{len(graph)} modules, {sum(map(len, graph.values()))} imports between them")
+    assert _circles(graph) == []
+
+
+def test_a_circle_is_found_where_there_is_one():
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _circles({"a": {"b"}, "b": set()}) == []
+
+
+def _upward(graph: dict[str, set[str]]) -> list[str]:
+    return [f"{m} ({_layer(m)}) -> {t} ({_layer(t)})" for m, targets in sorted(graph.items())
+            for t in sorted(targets) if None not in (_layer(m), _layer(t)) and _layer(t) > _layer(m)]
+
+
+def test_an_import_up_the_layers_is_found():
+    graph = {"orchestrator.groups.gossip": {"orchestrator.learner.replica", "orchestrator.base.flat"},
+             "orchestrator.cli.app": {"orchestrator.driver.job", "search.sweep"}}
+    assert _upward(graph) == ["orchestrator.groups.gossip (1) -> orchestrator.learner.replica (2)"]
+
+
+def test_no_module_imports_a_package_above_its_layer():
+    graph = _import_graph("orchestrator", "search")
+    upward = _upward(graph)
+    unplaced = [m for m in graph if _layer(m) is None and m not in ("orchestrator", "search")
+                and not m.startswith("orchestrator.testing")]
+    assert unplaced == [], f"modules in no layer: {unplaced}"
+    assert upward == [], upward
+
+
+def test_no_module_of_the_orchestrator_over_400_lines():
+    sizes = sorted(((len(p.read_text().splitlines()), str(p.relative_to(ROOT))) for p in _sources("orchestrator")),
+                   reverse=True)
+    print("five largest modules: " + "; ".join(f"{w} ({n})" for n, w in sizes[:5]))
+    assert [w for n, w in sizes if n > MAX_MODULE_LINES] == []

@@ -27,11 +27,11 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from orchestrator.base.flat import GRAD_TAIL
 from orchestrator.groups.errors import GroupBroken
 from orchestrator.groups.host_reduce import HostReduce, ring_bytes
 from orchestrator.groups.network import bind_to
 from orchestrator.groups.overlap import GradientBuckets
-from orchestrator.learner import GRAD_TAIL
 
 
 class AllreduceMember:

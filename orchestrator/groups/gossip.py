@@ -19,6 +19,7 @@ import random
 import time
 
 from orchestrator.groups.links import ActiveLinks
+from orchestrator.groups.replica import next_batch_or_new_epoch
 
 FINAL_SETTLE_S = 10.0  # at the job's end, how long an exchange still in flight is waited for
 
@@ -54,8 +55,6 @@ class GossipMember:
         pass
 
     def step(self, learner) -> None:
-        from orchestrator.groups import next_batch_or_new_epoch
-
         batch = next_batch_or_new_epoch(learner)
         if batch is None:
             return

@@ -26,9 +26,9 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from orchestrator.base.flat import GRAD_TAIL as TAIL  # the gradient buffer's exact slots
 from orchestrator.groups.compression import Residual, codec_for
 from orchestrator.groups.errors import GroupBroken
-from orchestrator.learner import GRAD_TAIL as TAIL  # the gradient buffer's exact slots
 
 
 class HostReduce:

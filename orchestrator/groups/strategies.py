@@ -16,6 +16,7 @@ from orchestrator.groups.balance import batch_shares, ring_by_host, ring_by_spee
 from orchestrator.groups.gossip import GossipMember, ring_partners
 from orchestrator.groups.hierarchical import HierarchicalMember
 from orchestrator.groups.host_reduce import hosts_of
+from orchestrator.groups.solo import SoloMember
 
 REBALANCE_CHANGE = 0.1  # rebalance when a learner's share would move by more than this fraction
 # (gossip: when a passive learner is more than twice this fraction faster than an active one)
@@ -24,7 +25,7 @@ REBALANCE_CHANGE = 0.1  # rebalance when a learner's share would move by more th
 class GroupStrategy:
     """Args:
     spec: the job spec (`group.balance`, `seed`).
-    runtime: where learners run (`orchestrator/runtime.py`).
+    runtime: where learners run (`orchestrator/cluster/runtime.py`).
     """
 
     name = "solo"
@@ -45,8 +46,6 @@ class GroupStrategy:
 
     def members(self, roster) -> list:
         """One member per learner of `roster.order`."""
-        from orchestrator.groups import SoloMember
-
         return [SoloMember() for _ in roster.order]
 
     def dispatch_units(self, roster) -> list[list[int]]:

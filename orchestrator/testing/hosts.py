@@ -38,30 +38,32 @@ Example:
 from __future__ import annotations
 
 import atexit
-import contextlib
-import fcntl
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.local_head import BIN, HeadNode
+from orchestrator.cluster.local_head import BIN, HeadNode
+from orchestrator.testing.netns import (
+    HostsUnavailable,
+    claim_index,
+    head_folder_prefix,
+    qdisc_sent,
+    rate_bits,
+    release_index,
+    remove_leftovers,
+    run_ip,
+    run_tc,
+    size_bytes,
+)
 
-CLAIMS = Path("/run/chorus-hosts") if Path("/run").is_dir() else Path(tempfile.gettempdir()) / "chorus-hosts"
-INDICES = 256  # subnets 198.18.0.0/24 .. 198.18.255.0/24
 NODE_START_TIMEOUT_S = 120.0
 OBJECT_STORE_BYTES = 512 * 2**20  # per node: models of tens of MB pass through it, not datasets
-
-
-class HostsUnavailable(RuntimeError):
-    """This machine (or this user) cannot make hosts: the message says why."""
 
 
 def unavailable() -> str | None:
@@ -102,7 +104,7 @@ class Hosts:
         if why:
             raise HostsUnavailable(why)
         self.cpus, self.resources = cpus, dict(resources or {})
-        self.index = _claim_index()
+        self.index = claim_index()
         k = self.index
         self.bridge, self.bridge_address = f"chb{k}", f"198.18.{k}.254"
         self.hosts = [Host(i, f"chorus{k}h{i}", f"198.18.{k}.{i + 1}", f"chv{k}h{i}") for i in range(count)]
@@ -126,17 +128,17 @@ class Hosts:
 
     # -- the network ------------------------------------------------------------------------------
     def _make_network(self, loopback_hostnames: bool) -> None:
-        _ip("link", "add", self.bridge, "type", "bridge")
-        _ip("addr", "add", f"{self.bridge_address}/24", "dev", self.bridge)
-        _ip("link", "set", self.bridge, "up")
+        run_ip("link", "add", self.bridge, "type", "bridge")
+        run_ip("addr", "add", f"{self.bridge_address}/24", "dev", self.bridge)
+        run_ip("link", "set", self.bridge, "up")
         for host in self.hosts:
-            _ip("netns", "add", host.netns)
-            _ip("link", "add", host.device, "type", "veth", "peer", "name", "eth0", "netns", host.netns)
-            _ip("link", "set", host.device, "master", self.bridge)
-            _ip("link", "set", host.device, "up")
-            _ip("-n", host.netns, "addr", "add", f"{host.address}/24", "dev", "eth0")
-            _ip("-n", host.netns, "link", "set", "eth0", "up")
-            _ip("-n", host.netns, "link", "set", "lo", "up")
+            run_ip("netns", "add", host.netns)
+            run_ip("link", "add", host.device, "type", "veth", "peer", "name", "eth0", "netns", host.netns)
+            run_ip("link", "set", host.device, "master", self.bridge)
+            run_ip("link", "set", host.device, "up")
+            run_ip("-n", host.netns, "addr", "add", f"{host.address}/24", "dev", "eth0")
+            run_ip("-n", host.netns, "link", "set", "eth0", "up")
+            run_ip("-n", host.netns, "link", "set", "lo", "up")
             if loopback_hostnames:  # `ip netns exec` mounts this over /etc/hosts inside the namespace
                 folder = Path("/etc/netns") / host.netns
                 folder.mkdir(parents=True, exist_ok=True)
@@ -153,19 +155,19 @@ class Hosts:
             if rate is None:
                 self.rates.pop(host.index, None)
                 continue
-            bits = _bits(rate)
-            bucket = _bytes(burst) if burst is not None else max(32 * 1024, bits // 8 // 50)
+            bits = rate_bits(rate)
+            bucket = size_bytes(burst) if burst is not None else max(32 * 1024, bits // 8 // 50)
             tbf = ["root", "tbf", "rate", f"{bits}bit", "burst", str(bucket), "latency", "100ms"]
-            _tc("-n", host.netns, "qdisc", "add", "dev", "eth0", *tbf)
-            _tc("qdisc", "add", "dev", host.device, *tbf)
+            run_tc("-n", host.netns, "qdisc", "add", "dev", "eth0", *tbf)
+            run_tc("qdisc", "add", "dev", host.device, *tbf)
             self.rates[host.index] = (bits, bucket)
 
     def cut(self, index: int) -> None:
         """Host `index` loses its link (both directions) until `restore`."""
-        _ip("link", "set", self.hosts[index].device, "down")
+        run_ip("link", "set", self.hosts[index].device, "down")
 
     def restore(self, index: int) -> None:
-        _ip("link", "set", self.hosts[index].device, "up")
+        run_ip("link", "set", self.hosts[index].device, "up")
 
     def traffic(self, index: int) -> dict[str, int]:
         """Bytes host `index` has sent and received over its link since it was made (the bridge
@@ -177,7 +179,7 @@ class Hosts:
         """Bytes that went through host `index`'s rate limiters (`tc -s`: each tbf's 'Sent'):
         `sent` by the host, `received` by it; 0 where its link is not shaped."""
         host = self.hosts[index]
-        return {"sent": _qdisc_sent(["-n", host.netns], "eth0"), "received": _qdisc_sent([], host.device)}
+        return {"sent": qdisc_sent(["-n", host.netns], "eth0"), "received": qdisc_sent([], host.device)}
 
     # -- Ray --------------------------------------------------------------------------------------
     @property
@@ -252,8 +254,8 @@ class Hosts:
             if self.head is not None:
                 self.head.stop()
         finally:
-            _remove_leftovers(self.index)  # what else runs in its namespaces or names its subnet
-            _release_index(self.index)
+            remove_leftovers(self.index)  # what else runs in its namespaces or names its subnet
+            release_index(self.index)
 
     def __enter__(self) -> Hosts:
         return self
@@ -272,156 +274,3 @@ groups = [g["name"] for g in placement_group_table().values()
           if g["name"].startswith(prefix) and g["state"] != "REMOVED"]
 print(json.dumps({"actors": actors, "placement groups": groups}, allow_nan=False))
 """
-
-
-# -- claiming an index ------------------------------------------------------------------------------
-def _claim_index() -> int:
-    """The first index no live process holds, after removing what dead holders left."""
-    CLAIMS.mkdir(parents=True, exist_ok=True)
-    with open(CLAIMS / "lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        held = set()
-        for claim in CLAIMS.iterdir():
-            if not claim.name.isdigit():
-                continue
-            try:
-                owner = int(claim.read_text().strip() or 0)
-            except (OSError, ValueError):
-                owner = 0
-            if owner and _alive(owner):
-                held.add(int(claim.name))
-            else:  # its holder died without closing (SIGKILL, a crash): remove what it left
-                _remove_leftovers(int(claim.name))
-                claim.unlink(missing_ok=True)
-        for k in range(INDICES):
-            if k not in held:
-                (CLAIMS / str(k)).write_text(str(os.getpid()))
-                return k
-    raise HostsUnavailable(f"all {INDICES} host subnets are claimed ({CLAIMS})")
-
-
-def _release_index(k: int) -> None:
-    with contextlib.suppress(OSError):
-        claim = CLAIMS / str(k)
-        if claim.read_text().strip() == str(os.getpid()):
-            claim.unlink()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def head_folder_prefix(k: int) -> str:
-    """How the name of the folder in /tmp of index `k`'s Ray head begins."""
-    return f"chorus-head-h{k}-"
-
-
-def _head_folders(k: int) -> list[Path]:
-    return sorted(Path("/tmp").glob(f"{head_folder_prefix(k)}*"))
-
-
-def _remove_leftovers(k: int) -> None:
-    """What a process that died holding index `k` left: its Ray processes (their command lines
-    name the subnet), its head's folder in /tmp, then its network."""
-    marker = f"198.18.{k}.".encode()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            with contextlib.suppress(OSError):
-                if marker in (entry / "cmdline").read_bytes():
-                    os.kill(int(entry.name), signal.SIGKILL)
-    for folder in _head_folders(k):
-        shutil.rmtree(folder, ignore_errors=True)
-    _remove_network(k)
-
-
-def remnants(k: int) -> list[str]:
-    """What is left of the hosts of index `k` (after `close`, nothing): processes whose command
-    line names its subnet, its head's folder in /tmp, its namespaces, links and hosts files."""
-    marker, left = f"198.18.{k}.".encode(), []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            with contextlib.suppress(OSError):
-                if marker in (entry / "cmdline").read_bytes():
-                    left.append(f"process {entry.name}")
-    left += [f"head folder {folder}" for folder in _head_folders(k)]
-    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
-    left += [f"namespace {n}" for n in listed if n.startswith(f"chorus{k}h")]
-    left += [f"link {name}" for name in _links() if name.startswith(f"chv{k}h") or name == f"chb{k}"]
-    left += [f"hosts file of {p.name}" for p in Path("/etc/netns").glob(f"chorus{k}h*")]
-    return left
-
-
-def _links() -> list[str]:
-    out = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
-    return [line.split(":")[1].strip().split("@")[0] for line in out.splitlines() if line.count(":") >= 2]
-
-
-def _remove_network(k: int) -> None:
-    """Index `k`'s namespaces (with their `eth0`s), veths, bridge and hosts files, whatever exists."""
-    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
-    for name in [n for n in listed if n.startswith(f"chorus{k}h")]:
-        pids = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True).stdout.split()
-        for pid in pids:  # a namespace with processes in it outlives `ip netns del`
-            with contextlib.suppress(ProcessLookupError, ValueError):
-                os.kill(int(pid), signal.SIGKILL)
-        subprocess.run(["ip", "netns", "del", name], capture_output=True)
-        shutil.rmtree(Path("/etc/netns") / name, ignore_errors=True)
-    for name in _links():
-        if name.startswith(f"chv{k}h") or name == f"chb{k}":
-            subprocess.run(["ip", "link", "del", name], capture_output=True)
-
-
-# -- iproute2 -----------------------------------------------------------------------------------------
-def _ip(*args: str) -> None:
-    _run(["ip", *args])
-
-
-def _tc(*args: str) -> None:
-    _run(["tc", *args])
-
-
-def _run(command: list[str]) -> None:
-    proc = subprocess.run(command, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise HostsUnavailable(f"{' '.join(command)}: {proc.stderr.strip() or proc.stdout.strip()}")
-
-
-def _qdisc_sent(where: list[str], device: str) -> int:
-    out = subprocess.run(["tc", *where, "-s", "qdisc", "show", "dev", device], capture_output=True, text=True).stdout
-    if " tbf " not in out:
-        return 0
-    for line in out.splitlines():
-        words = line.split()
-        if words[:1] == ["Sent"]:
-            return int(words[1])
-    return 0
-
-
-UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9}
-
-
-def _bits(rate: str | int) -> int:
-    """Bits per second from an int or tc's spelling ("100mbit", "1gbit")."""
-    if isinstance(rate, int):
-        return rate
-    text = rate.strip().lower()
-    for unit in sorted(UNITS, key=len, reverse=True):
-        if text.endswith(unit):
-            return int(float(text[: -len(unit)]) * UNITS[unit])
-    return int(text)
-
-
-def _bytes(size: str | int) -> int:
-    if isinstance(size, int):
-        return size
-    text = size.strip().lower()
-    for unit, factor in (("kb", 1024), ("mb", 2**20), ("b", 1)):
-        if text.endswith(unit):
-            return int(float(text[: -len(unit)]) * factor)
-    return int(text)

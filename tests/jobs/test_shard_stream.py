@@ -131,7 +131,7 @@ def test_learners_streaming_shards_train_every_utterance_once_across_a_resume_an
     """Two learner actors stream the shards planned for them for 2 epochs; the job resumes from
     its checkpoint with 3 learners for 2 more: every utterance once an epoch, none skipped, the
     curve goes on, nothing left behind."""
-    from orchestrator.job import TrainingJob
+    from orchestrator.driver.job import TrainingJob
     from tests.conftest import assert_nothing_left, make_spec
 
     def spec(learners: int, epochs: int):

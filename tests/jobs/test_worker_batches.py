@@ -76,7 +76,7 @@ def test_learner_actors_with_worker_processes_train_every_utterance_once_across_
     actor) with features left to the device path, train 2 epochs; the job resumes from its
     checkpoint with 3 learners for 2 more: every utterance once an epoch across both, none
     skipped, the new split used, nothing left behind."""
-    from orchestrator.job import TrainingJob
+    from orchestrator.driver.job import TrainingJob
     from tests.conftest import assert_nothing_left, make_spec
 
     def spec(learners: int, epochs: int):

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.job import TrainingJob
-from orchestrator.local_head import HeadNode
+from orchestrator.cluster.local_head import HeadNode
+from orchestrator.driver.job import TrainingJob
 from tests.conftest import linear_spec, run_in_thread, stop_job
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from jobs.sections import WorkloadConfig
 from jobs.workload import AsrWorkload
-from orchestrator.job import TrainingJob
+from orchestrator.driver.job import TrainingJob
 from tests.conftest import make_spec, run_cli
 
 ROOT = Path(__file__).parents[2]
@@ -164,8 +164,8 @@ def test_a_learner_whose_node_sees_no_training_data_is_an_error(corpus, tmp_path
 # -- strict JSON ---------------------------------------------------------------------------------
 @pytest.mark.unit
 def test_strict_json_writes_null_for_non_finite_numbers(tmp_path):
-    from orchestrator.events import EventLog
-    from orchestrator.strict_json import dumps
+    from orchestrator.base.strict_json import dumps
+    from orchestrator.driver.events import EventLog
 
     text = dumps({"loss": math.nan, "curve": [1.5, math.inf], "nested": {"x": -math.inf}, "pair": (2, math.nan)})
     assert json.loads(text) == {"loss": None, "curve": [1.5, None], "nested": {"x": None}, "pair": [2, None]}
@@ -193,7 +193,7 @@ def test_every_json_write_of_chorus_is_strict():
                         and not any(k.arg == "allow_nan" and getattr(k.value, "value", True) is False
                                     for k in node.keywords)):
                     offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
-    assert not offenders, f"json.dump(s) without allow_nan=False (use orchestrator.strict_json): {offenders}"
+    assert not offenders, f"json.dump(s) without allow_nan=False (use orchestrator.base.strict_json): {offenders}"
 
 
 # -- a token file that is missing or empty ---------------------------------------------------------

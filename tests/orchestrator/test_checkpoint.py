@@ -1,5 +1,5 @@
 """Runs never destroy each other: atomic, versioned, verified checkpoints with fallback
-(orchestrator/checkpoint.py), one live run per output folder (orchestrator/rundir.py), and a
+(orchestrator/checkpoint/files.py), one live run per output folder (orchestrator/checkpoint/rundir.py), and a
 non-finite loss rolled back instead of checkpointed (TrainingJob)."""
 
 import json
@@ -12,9 +12,9 @@ import sys
 import pytest
 import torch
 
-from orchestrator import checkpoint
-from orchestrator.checkpoint import CheckpointError
-from orchestrator.rundir import RunDir, RunDirError
+from orchestrator.checkpoint import files as checkpoint
+from orchestrator.checkpoint.files import CheckpointError
+from orchestrator.checkpoint.rundir import RunDir, RunDirError
 from tests.conftest import make_spec, run_cli
 
 
@@ -132,7 +132,7 @@ def test_the_lock_keeps_a_second_live_run_out_naming_the_holder(tmp_path):
     holder = RunDir(tmp_path)
     holder.claim()
     # another process: the lock is on the folder, not on this process
-    code = ("import sys; from orchestrator.rundir import RunDir, RunDirError\n"
+    code = ("import sys; from orchestrator.checkpoint.rundir import RunDir, RunDirError\n"
             f"try:\n    RunDir({str(tmp_path)!r}).claim(resume=True)\n"
             "except RunDirError as exc:\n    print(exc); sys.exit(7)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -152,7 +152,7 @@ def _steps_per_epoch(spec) -> int:
 
 @pytest.mark.unit
 def test_a_second_live_run_into_the_same_folder_is_refused(corpus, tmp_path):
-    from orchestrator.job import TrainingJob
+    from orchestrator.driver.job import TrainingJob
 
     holder = RunDir(tmp_path)
     holder.claim()
@@ -167,7 +167,7 @@ def test_a_second_live_run_into_the_same_folder_is_refused(corpus, tmp_path):
 @pytest.mark.slow
 def test_a_job_checkpoint_loads_with_weights_only_and_resume_falls_back_past_a_truncated_one(corpus, tmp_path,
                                                                                            caplog):
-    from orchestrator.job import TrainingJob
+    from orchestrator.driver.job import TrainingJob
 
     TrainingJob(make_spec(corpus, "train", "dev", budget__epochs=2), tmp_path).run()
     newest, previous = checkpoint.numbered(tmp_path)
@@ -191,7 +191,7 @@ def test_a_job_checkpoint_loads_with_weights_only_and_resume_falls_back_past_a_t
 
 @pytest.mark.slow
 def test_a_nan_loss_rolls_back_to_the_last_checkpoint_at_half_the_learning_rate(corpus, tmp_path):
-    from orchestrator.job import TrainingJob
+    from orchestrator.driver.job import TrainingJob
 
     spec = make_spec(corpus, "train", "dev", budget__epochs=2)
     nan_at = _steps_per_epoch(spec) + 17  # in epoch 2, after epoch 1's checkpoint (chunks are 8 steps)

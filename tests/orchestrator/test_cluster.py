@@ -1,4 +1,4 @@
-"""Chorus against a real Ray head node (`orchestrator/local_head.py`: `ray start --head` on loopback with
+"""Chorus against a real Ray head node (`orchestrator/cluster/local_head.py`: `ray start --head` on loopback with
 token authentication): `chorus submit` of a job and of a sweep through Ray Jobs, `chorus jobs`,
 the errors a user meets (no token, a wrong token, an unknown job, an invalid spec), and the
 Grafana dashboard's every panel query answered by Debian's Prometheus scraping that cluster."""
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.dashboards import DASHBOARD, panel_queries
-from orchestrator.local_head import BIN, HeadNode, free_port
+from orchestrator.cli.dashboards import DASHBOARD, panel_queries
+from orchestrator.cluster.local_head import BIN, HeadNode, free_port
 from tests.conftest import linear_spec, run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -138,7 +138,8 @@ def test_submit_a_job_follow_it_to_success_and_find_its_summary_in_its_logs(head
 
     # the project went up as the working dir, without what .gitignore excludes
     packages = [p for p in (head.session_dir / "runtime_resources" / "working_dir_files").iterdir() if p.is_dir()]
-    assert any((p / "orchestrator" / "cli.py").is_file() for p in packages), [list(p.iterdir()) for p in packages]
+    assert any((p / "orchestrator" / "cli" / "app.py").is_file() for p in packages), \
+        [list(p.iterdir()) for p in packages]
     uploaded = {q.relative_to(p).parts[0] for p in packages for q in p.iterdir()}
     assert not uploaded & {".venv", "data", "runs", ".git", "chorus.egg-info"}, uploaded
 
@@ -188,8 +189,8 @@ def test_errors_are_one_clear_line(head, tmp_path, corpus):
 
 @pytest.mark.unit
 def test_submit_checks_the_spec_here_but_not_the_clusters_data_paths():
-    from orchestrator.config import SpecError
-    from orchestrator.submit import validate
+    from orchestrator.cli.submit import validate
+    from orchestrator.driver.config import SpecError
 
     elsewhere = [f"data.{s}=/cluster/shared/{s}.jsonl" for s in ("train", "dev", "test", "test_unseen")]
     assert validate(ROOT / "jobs/configs/tiny.yaml", elsewhere) == ("job", "tiny")

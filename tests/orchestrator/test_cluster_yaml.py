@@ -61,7 +61,7 @@ def test_two_gpu_generations_a_head_and_the_setup_chorus_needs():
 
 
 def test_what_a_job_reads_of_the_node_types_its_autoscaler_may_launch():
-    from orchestrator.cluster import node_types_of
+    from orchestrator.cluster.resources import node_types_of
 
     types = {t.name: t for t in node_types_of(_config())}
     assert set(types) == {"gpu_v100", "gpu_a10g"}  # not the head

@@ -13,7 +13,7 @@ from orchestrator.groups.balance import ring_by_host
 from orchestrator.groups.compression import INT8_BLOCK, Residual, codec_for
 from orchestrator.groups.host_reduce import hosts_of, ring_bytes
 from orchestrator.groups.links import LinkState
-from orchestrator.learner import ReplicaWeights
+from orchestrator.learner.replica import ReplicaWeights
 
 pytestmark = pytest.mark.unit
 

@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.config import JobSpec, SpecError, load_spec
+from orchestrator.driver.config import JobSpec, SpecError, load_spec
 from orchestrator.workload import workload_class
 
 pytestmark = pytest.mark.unit

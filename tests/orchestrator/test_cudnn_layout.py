@@ -1,5 +1,5 @@
 """The flat weight buffer lays a recurrent module's weights out as cuDNN runs them in place
-(orchestrator/learner.py `cudnn_weights`): back to back, in the module's order, from the start of
+(orchestrator/learner/ `cudnn_weights`): back to back, in the module's order, from the start of
 the buffer's storage, the condition ATen's `try_get_weight_buf` checks before it would compact
 them at every call. On the CPU here, so the layout and the gradients are checked in CI; the
 warning's absence on a GPU is `make gpu-check`'s."""
@@ -7,8 +7,8 @@ warning's absence on a GPU is `make gpu-check`'s."""
 import pytest
 import torch
 
-from orchestrator.learner import Learner
-from orchestrator.shards import ShardPlanner
+from orchestrator.learner.replica import Learner
+from orchestrator.service.shards import ShardPlanner
 from tests.conftest import make_spec
 
 pytestmark = pytest.mark.unit

@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from orchestrator.dashboards import DASHBOARD, metric_names, panel_queries
-from orchestrator.metrics import METRICS, prometheus_names
+from orchestrator.cli.dashboards import DASHBOARD, metric_names, panel_queries
+from orchestrator.driver.metrics import METRICS, prometheus_names
 
 pytestmark = pytest.mark.unit
 

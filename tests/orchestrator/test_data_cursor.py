@@ -1,5 +1,5 @@
-"""A learner's place in the data (orchestrator/data_cursor.py) and the remainders the planner keeps
-(orchestrator/shards.py): a learner that leaves mid-epoch hands over what it had not read, the
+"""A learner's place in the data (orchestrator/learner/data_cursor.py) and the remainders the planner keeps
+(orchestrator/service/shards.py): a learner that leaves mid-epoch hands over what it had not read, the
 first learner done with its own part takes it over, and the epoch's data is trained exactly once
 over the learners — for batches planned from a manifest and for shards streamed from a folder; a
 resumed cursor reads the adopted part from where it was."""
@@ -9,8 +9,8 @@ import pytest
 from jobs.audio_shards import write_audio_shards
 from jobs.sections import WorkloadConfig
 from jobs.workload import AsrWorkload
-from orchestrator.data_cursor import DataCursor
-from orchestrator.shards import ShardPlanner
+from orchestrator.learner.data_cursor import DataCursor
+from orchestrator.service.shards import ShardPlanner
 
 pytestmark = pytest.mark.unit
 

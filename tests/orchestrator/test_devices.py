@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.capacity import learner_bundle
-from orchestrator.config import parse_spec
+from orchestrator.cluster.capacity import learner_bundle
+from orchestrator.driver.config import parse_spec
 from tests.conftest import assert_nothing_left, linear_spec
 
 LINEAR = {k: v for k, v in linear_spec(raw=True).items() if k in ("workload", "data", "optim")}
@@ -38,7 +38,7 @@ def test_a_gpu_share_that_cannot_be_is_refused_in_one_line(extra, message):
 def test_the_evaluator_takes_a_gpu_only_when_the_spec_gives_the_service_one(monkeypatch):
     import torch
 
-    from orchestrator.job_service import JobService
+    from orchestrator.service.job_service import JobService
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a process that sees a GPU
     moved = []
@@ -53,7 +53,7 @@ def test_the_evaluator_takes_a_gpu_only_when_the_spec_gives_the_service_one(monk
 @pytest.mark.slow
 @pytest.mark.own_process
 def test_cpu_learners_see_no_gpu_and_half_gpu_learners_share_one(private_cluster, tmp_path, monkeypatch):
-    from orchestrator.job import TrainingJob
+    from orchestrator.driver.job import TrainingJob
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # what the GPU node's processes see (inherited)
     gpu_node = private_cluster.add_node(num_cpus=2, num_gpus=1, resources={"gpu_box": 2})
@@ -79,7 +79,7 @@ def test_cpu_learners_see_no_gpu_and_half_gpu_learners_share_one(private_cluster
     [node] = summary["nodes"]
     assert (node["node_id"], sorted(node["learners"]), node["gpus_per_learner"]) == (gpu_node.node_id, [0, 1], 0.5)
     # a service asked to evaluate on a GPU, on a driver's node without one: refused at once
-    from orchestrator.cluster import CapacityError
+    from orchestrator.cluster.resources import CapacityError
 
     with pytest.raises(CapacityError, match="service_gpus is 0.5, but the driver's node has 0 GPUs"):
         run("gpu-service", accelerator="cpu", service_gpus=0.5)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from jobs.data import shard_batches
-from orchestrator.shards import ShardPlanner
+from orchestrator.service.shards import ShardPlanner
 
 
 def _covered(planner: ShardPlanner, durations, epoch: int, learners: list[int]) -> list[int]:
@@ -77,8 +77,8 @@ def test_a_learner_that_joined_later_is_told_its_first_epoch_with_a_shard():
 
 @pytest.mark.unit
 def test_a_free_running_newcomer_moves_to_its_first_epoch_in_one_idle_step():
-    from orchestrator.groups import next_batch_or_new_epoch
-    from orchestrator.learner import Learner
+    from orchestrator.groups.replica import next_batch_or_new_epoch
+    from orchestrator.learner.replica import Learner
     from tests.conftest import linear_spec
 
     planner = ShardPlanner([0, 1])
@@ -95,8 +95,8 @@ def test_a_free_running_newcomer_moves_to_its_first_epoch_in_one_idle_step():
 
 @pytest.mark.unit
 def test_a_newcomer_the_planner_does_not_count_yet_neither_splits_epochs_nor_moves_on():
-    from orchestrator.groups import next_batch_or_new_epoch
-    from orchestrator.learner import Learner
+    from orchestrator.groups.replica import next_batch_or_new_epoch
+    from orchestrator.learner.replica import Learner
     from tests.conftest import linear_spec
 
     planner = ShardPlanner([0, 1])
@@ -120,9 +120,9 @@ import threading  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from orchestrator.config import parse_spec  # noqa: E402
-from orchestrator.job import TrainingJob  # noqa: E402
-from orchestrator.runtime import fetch  # noqa: E402
+from orchestrator.cluster.runtime import fetch  # noqa: E402
+from orchestrator.driver.config import parse_spec  # noqa: E402
+from orchestrator.driver.job import TrainingJob  # noqa: E402
 from tests.conftest import (  # noqa: E402
     assert_nothing_left,
     leftovers_of,
@@ -315,7 +315,7 @@ def test_balance_helpers():
 
 @pytest.mark.ray
 def test_node_inventory_lists_custom_resources(ray_cluster):
-    from orchestrator.cluster import node_inventory
+    from orchestrator.cluster.resources import node_inventory
 
     nodes = {n["node_id"]: n for n in node_inventory()}
     worker = nodes[ray_cluster.session_worker.node_id]

@@ -3,7 +3,7 @@ twice (a CI run's `ray start --head` got 49367 for both its client server and it
 
 import pytest
 
-from orchestrator.local_head import free_ports
+from orchestrator.cluster.local_head import free_ports
 
 pytestmark = pytest.mark.unit
 

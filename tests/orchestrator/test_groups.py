@@ -6,13 +6,14 @@ import urllib.request
 import pytest
 import torch
 
-from orchestrator import checkpoint
-from orchestrator.capacity import place_learners, release
-from orchestrator.config import parse_spec
-from orchestrator.groups import AllreduceMember, GossipMember, ring_partners
-from orchestrator.job import TrainingJob
-from orchestrator.metrics import prometheus_names
-from orchestrator.runtime import fetch
+from orchestrator.checkpoint import files as checkpoint
+from orchestrator.cluster.capacity import place_learners, release
+from orchestrator.cluster.runtime import fetch
+from orchestrator.driver.config import parse_spec
+from orchestrator.driver.job import TrainingJob
+from orchestrator.driver.metrics import prometheus_names
+from orchestrator.groups.allreduce import AllreduceMember
+from orchestrator.groups.gossip import GossipMember, ring_partners
 from orchestrator.workload import build_workload
 from tests.conftest import assert_nothing_left, linear_spec
 

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.groups.network import CHOSEN_BY
-from orchestrator.testing.hosts import Hosts, remnants, unavailable
+from orchestrator.testing.hosts import Hosts, unavailable
+from orchestrator.testing.netns import remnants
 from tests.conftest import make_spec, run_cli
 
 ROOT = Path(__file__).resolve().parents[2]

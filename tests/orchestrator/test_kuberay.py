@@ -96,7 +96,7 @@ def test_the_worker_groups_mirror_cluster_yaml_and_authentication_is_on():
 
 
 def test_the_entrypoint_is_a_valid_chorus_train_command():
-    from orchestrator.submit import validate
+    from orchestrator.cli.submit import validate
 
     words = shlex.split(manifest()["spec"]["entrypoint"])
     assert words[:2] == ["chorus", "train"]

@@ -1,4 +1,4 @@
-"""A batch too large for device memory (orchestrator/memory_fit.py): CUDA's out-of-memory error is
+"""A batch too large for device memory (orchestrator/learner/memory_fit.py): CUDA's out-of-memory error is
 raised here by the workload's loss for batches above a size, as a device with room for that many
 utterances would; the learner trains the batch in parts with the whole batch's gradient, and
 skips, counting it, a batch whose single utterances do not fit."""
@@ -8,8 +8,8 @@ import logging
 import pytest
 import torch
 
-from orchestrator.learner import Learner
-from orchestrator.shards import ShardPlanner
+from orchestrator.learner.replica import Learner
+from orchestrator.service.shards import ShardPlanner
 from tests.conftest import make_spec
 
 pytestmark = pytest.mark.unit

@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from orchestrator.base.flat import GRAD_TAIL, flat_grad_buffer
 from orchestrator.groups.overlap import GradientBuckets
-from orchestrator.learner import GRAD_TAIL, flat_grad_buffer
 
 
 class _Logged:

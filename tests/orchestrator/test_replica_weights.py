@@ -1,11 +1,11 @@
-"""A learner's weights as one flat tensor (`learner.py`): the parameters are views of it, and a
+"""A learner's weights as one flat tensor (`orchestrator/learner/replica.py`): the parameters are views of it, and a
 gossip exchange settles its mean without losing a change made while it was under way."""
 
 import pytest
 import torch
 
-from orchestrator.learner import Learner
-from orchestrator.shards import ShardPlanner
+from orchestrator.learner.replica import Learner
+from orchestrator.service.shards import ShardPlanner
 from tests.conftest import linear_spec
 
 

@@ -1,5 +1,5 @@
 """The driver holds no model: checkpoints are a manifest of files the learners and the evaluator
-wrote (`state_store.py`, `checkpoint.py` format 2), the averaged model is summed among the
+wrote (`state_store.py`, `checkpoint/files.py` format 2), the averaged model is summed among the
 learners (`consensus.py`), and what reaches the driver per evaluation is a few kilobytes."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from orchestrator import checkpoint
-from orchestrator.job import TrainingJob
-from orchestrator.runtime import RayRuntime
-from orchestrator.state_store import START, StateStore, model_file, state_file
+from orchestrator.checkpoint import files as checkpoint
+from orchestrator.checkpoint.state_store import START, StateStore, model_file, state_file
+from orchestrator.cluster.runtime import RayRuntime
+from orchestrator.driver.job import TrainingJob
 from tests.conftest import linear_spec
 
 BIG = {"features": 2048, "classes": 16}  # a 32,784-parameter model: 131 kB of weights

@@ -1,4 +1,4 @@
-"""Outputs that outlive the node: a run's `--out` at an S3 URI (`orchestrator.storage`, through
+"""Outputs that outlive the node: a run's `--out` at an S3 URI (`orchestrator.checkpoint.storage`, through
 pyarrow.fs), against a real S3 API on loopback (moto's server). A job writes there, is stopped,
 and resumes from the bucket alone with the same step count and curve."""
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.local_head import BIN, free_port
+from orchestrator.cluster.local_head import BIN, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 KEYS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1",
@@ -70,7 +70,7 @@ def listed(endpoint: str, prefix: str) -> list[str]:
 
 @pytest.mark.unit
 def test_a_run_folder_mirrored_to_s3_and_back(s3, tmp_path):
-    from orchestrator.storage import RunStorage, StorageError
+    from orchestrator.checkpoint.storage import RunStorage, StorageError
 
     storage = RunStorage(uri(s3, "unit/run"), staging=tmp_path / "a")
     storage.check(resume=False, overwrite=False)

@@ -5,8 +5,8 @@ import torch
 
 from jobs.data import read_corpus
 from jobs.tokenizer import BpeTokenizer, normalize
-from orchestrator.checkpoint import load
-from orchestrator.job import TrainingJob
+from orchestrator.checkpoint.files import load
+from orchestrator.driver.job import TrainingJob
 from tests.conftest import SMALL_MODEL, make_spec, run_cli
 
 SPLITS = ("train", "dev", "test/", "test_unseen")  # all four; test as its LibriSpeech-layout folder
@@ -101,8 +101,8 @@ def test_cli_rejects_a_bad_spec_before_training(stub_corpus, tmp_path):
 
 @pytest.mark.unit
 def test_learner_gradients_share_one_buffer_and_its_state_is_a_snapshot(corpus):
-    from orchestrator.learner import Learner
-    from orchestrator.shards import ShardPlanner
+    from orchestrator.learner.replica import Learner
+    from orchestrator.service.shards import ShardPlanner
 
     raw = make_spec(corpus, *SPLITS).workload_config.model_dump(mode="json")
     learner = Learner("asr", raw, seed=0, learner_id=0, planner=ShardPlanner([0]))

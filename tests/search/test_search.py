@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import yaml
 
-from orchestrator.config import SpecError
+from orchestrator.driver.config import SpecError
 from search import load_sweep
 from search.space import Space
 from tests.conftest import linear_spec, run_cli

@@ -1,5 +1,5 @@
 """A Ray head on loopback in its own temp dir, started with `ray start --head` and stopped by the
-PIDs of its processes (orchestrator.local_head.HeadNode's stop; never `ray stop`).
+PIDs of its processes (orchestrator.cluster.local_head.HeadNode's stop; never `ray stop`).
 
   python rayhead.py start TEMP_DIR --cpus 16 --gpus 1 [--object-store-mb 4000]  # prints the GCS address
   python rayhead.py stop TEMP_DIR PORT
@@ -16,7 +16,7 @@ from pathlib import Path
 
 
 def start(temp_dir: str, cpus: int, gpus: int, store_mb: int) -> int:
-    from orchestrator.local_head import free_ports
+    from orchestrator.cluster.local_head import free_ports
 
     gcs, client, agent, dash, metrics, autoscaler_metrics, dashboard_metrics = free_ports(7)
     command = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--node-ip-address", "127.0.0.1",
@@ -39,7 +39,7 @@ def start(temp_dir: str, cpus: int, gpus: int, store_mb: int) -> int:
 
 
 def stop(temp_dir: str, port: int) -> int:
-    from orchestrator.local_head import HeadNode
+    from orchestrator.cluster.local_head import HeadNode
 
     head = HeadNode.__new__(HeadNode)  # only its pids() and stop(): what they read
     head.temp_dir, head.gcs_port, head.node_ip = Path(temp_dir), int(port), "127.0.0.1"  # where start() put it

@@ -1,0 +1,190 @@
+"""Group: the learner group over the roster's live learners — forming and re-forming it, the
+shard plan that goes with its members, rebalancing by measured speed, and the per-kind facts the
+training loop needs. What differs between kinds is the group's `GroupStrategy`
+(`orchestrator/groups/strategies.py`).
+
+Gossip members are swapped in while learners run (the ring changes from their next step);
+allreduce and hierarchical members re-form their process groups from the learners' in-memory
+state (no restart), once every learner is between chunks. A learner that dies or hangs while its
+group forms is dropped, and the group is formed again without it.
+"""
+
+from __future__ import annotations
+
+import re
+
+from orchestrator.driver.roster import reason
+from orchestrator.groups.errors import GroupCannotForm
+from orchestrator.groups.strategies import strategy_for
+
+JOIN_TIMEOUT_S = 60.0  # a member that has not joined its group by then (rendezvous takes <= 15 s) is stuck
+MAX_FAILED_FORMS = 5  # failed re-forms in a row in which nobody died: something else is wrong
+SAME_FAILURE_FORMS = 2  # forms in a row in which every member's join failed the same way: it will repeat
+
+
+class Group:
+    """Args:
+    job_id, spec: the job; runtime: where learners run; roster: the job's learners.
+    elastic: drops learners that die while the group forms; events: the job's EventLog.
+    """
+
+    def __init__(self, job_id: str, spec, runtime, roster, elastic, events):
+        self.job_id, self.spec, self.runtime, self.roster = job_id, spec, runtime, roster
+        self.elastic, self.events = elastic, events
+        self.strategy = strategy_for(spec, runtime)
+        self._failed_forms = 0
+        self._same_failure: tuple[str, int] = ("", 0)  # (every member's join error, forms in a row)
+
+    @property
+    def name(self) -> str:
+        return self.strategy.name
+
+    @property
+    def lockstep(self) -> bool:
+        return self.strategy.lockstep
+
+    @property
+    def node_groups(self) -> list[list[int]]:
+        return self.strategy.node_groups
+
+    def dispatch_units(self) -> list[list[int]]:
+        return self.strategy.dispatch_units(self.roster)
+
+    def handover(self, slot) -> int | None:
+        return self.strategy.handover(self.roster, slot)
+
+    def form(self) -> bool:
+        """Build the group over the live learners and hand every learner its member. Returns
+        whether it must be formed again: a learner died or hung meanwhile (it is dropped; only
+        it), or a join failed because of another member (the others stay)."""
+        roster = self.roster
+        roster.order = self.strategy.order(roster)
+        try:
+            members = self.strategy.members(roster)
+        except Exception as exc:  # noqa: BLE001 - a member died while being asked its device or address
+            if not self._drop_silent(exc):
+                raise
+            return True
+        self.plan_shards(wait=not self.strategy.swaps_running)
+        refs = {}
+        for learner_id, member in zip(list(roster.order), members, strict=True):
+            slot = roster.live[learner_id]
+            swap = self.strategy.swaps_running and slot.in_group  # no setup: swapped in while running
+            refs[slot.handle.regroup.remote(member) if swap else slot.handle.join.remote(member)] = learner_id
+            slot.in_group = True
+        if self.strategy.swaps_running or not self.runtime.distributed:
+            return False  # swaps are immediate; a learner that died shows up through its run
+        return self._joined(refs)
+
+    def _joined(self, joins: dict) -> bool:
+        """Wait (bounded) for every member's join; drop those that died or never answered. When
+        every member's join failed the same way and nobody died, SAME_FAILURE_FORMS times in a
+        row, the cause is not a member: `GroupCannotForm` stops the job, naming it."""
+        ready = self.runtime.wait(list(joins), num_returns=len(joins), timeout=JOIN_TIMEOUT_S)
+        again, dropped, failures = len(ready) < len(joins), len(ready) < len(joins), []
+        for ref in [r for r in joins if r not in ready]:
+            self.elastic.drop(joins[ref], f"stuck: no answer {JOIN_TIMEOUT_S:g} s into joining its group")
+        for ref in ready:
+            try:
+                self.runtime.get(ref)
+            except Exception as exc:  # noqa: BLE001 - it died, or a peer did and the join failed
+                again = True
+                if self.runtime.is_gone(exc):
+                    self.elastic.drop(joins[ref], exc)
+                    dropped = True
+                else:
+                    failures.append(reason(exc))
+                    self.events.emit("regroup", f"learner {joins[ref]} could not join its group "
+                                     f"({reason(exc)}); forming it again", learner=joins[ref])
+        self._check_repeating(failures if not dropped and len(failures) == len(joins) > 1 else [])
+        self._failed_forms = self._failed_forms + 1 if again else 0
+        if self._failed_forms > MAX_FAILED_FORMS:
+            raise RuntimeError(f"{self.job_id}: the group failed to form {self._failed_forms} times in a row")
+        return again
+
+    def _check_repeating(self, failures: list[str]) -> None:
+        """Count forms in a row whose every join failed with one error (numbers aside: ports and
+        addresses differ per member); raise GroupCannotForm at SAME_FAILURE_FORMS."""
+        shapes = {re.sub(r"\d+", "#", f) for f in failures}
+        if len(shapes) != 1:
+            self._same_failure = ("", 0)
+            return
+        shape = shapes.pop()
+        count = self._same_failure[1] + 1 if self._same_failure[0] == shape else 1
+        self._same_failure = (shape, count)
+        if count >= SAME_FAILURE_FORMS:
+            raise GroupCannotForm(
+                f"{self.job_id}: the {self.strategy.name} group cannot form: all {len(failures)} learners failed "
+                f"to join it the same way {count} times in a row, so replacing them would not help: {failures[0]}")
+
+    def _drop_silent(self, exc: Exception) -> bool:
+        """After `exc` from a call to every member: drop the members that no longer answer a
+        ping; returns whether there were any (else `exc` was something else)."""
+        if not self.runtime.is_gone(exc):
+            return False
+        pings = {self.roster.live[i].handle.ping.remote(): i for i in self.roster.order if i in self.roster}
+        ready = self.runtime.wait(list(pings), num_returns=len(pings), timeout=5.0)
+        answered, _ = self.runtime.gather({ref: pings[ref] for ref in ready})
+        silent = [i for i in pings.values() if i not in {i for i, _ in answered}]
+        for i in silent:
+            self.elastic.drop(i, exc)
+        return bool(silent)
+
+    def plan_shards(self, wait: bool = True) -> None:
+        """Tell the planner the members (and their weights) for the next unstarted epoch. With
+        `wait`, until it has them: a re-formed collective's first round must split its next epoch
+        among exactly its members. Without (a gossip ring swapped, new weights for the same
+        members) the driver goes on at once: the planner's one thread also answers every
+        learner's shard request, and with 32 learners its answer took up to 1.2 s, all of it
+        between the driver's chunks. A learner that asks first gets the split as it was for that
+        epoch (old weights; a newcomer moves on to the next epoch), as if it had asked earlier."""
+        if not self.runtime.distributed:
+            return
+        weights, ids = self.strategy.shard_weights(self.roster), list(self.roster.order)
+        told = self.elastic.service.set_members.remote(ids, weights)
+        if wait:
+            self.runtime.get(told)
+        self.strategy.planned = (ids, weights)
+
+    def rebalance(self) -> bool:
+        """Adapt to measured speeds (at epoch boundaries); returns whether the group changed.
+        allreduce: new shard weights from the next unstarted epoch; gossip: a new ring order,
+        swapped in at once."""
+        if not self.runtime.distributed or len(self.roster) < 2:
+            return False
+        change = self.strategy.rebalance(self.roster)
+        if change == "shares":
+            self.plan_shards(wait=False)
+            self._say_shares()
+        elif change == "ring":
+            self.form()
+            self.events.emit("rebalance", "gossip ring by measured speed (passive: "
+                             + ", ".join(str(i) for i in self.roster.order[1::2]) + ")", ring=self.roster.order,
+                             speeds={str(i): round(self.roster.live[i].speed, 2) for i in self.roster.order})
+        return change is not None
+
+    def _say_shares(self) -> None:
+        live, order, weights = self.roster.live, self.roster.order, self.strategy.planned[1]
+        out = [i for i, w in zip(order, weights, strict=True) if w == 0]
+        self.events.emit("rebalance", "shard and batch shares by measured speed: " + ", ".join(
+            f"learner {i} {w:.2f}" for i, w in zip(order, weights, strict=True)) + "".join(
+            f"; learner {i} sits out (its {live[i].step_compute_s:.2f} s per step at a small share "
+            "outlast the others' steps; it keeps its replica in step)" for i in out),
+            weights={str(i): w for i, w in zip(order, weights, strict=True)},
+            speeds={str(i): round(live[i].speed, 2) for i in order},
+            step_compute_s={str(i): round(live[i].step_compute_s or 0.0, 4) for i in order})
+
+    def by_accelerator(self) -> dict[str, dict]:
+        """With `accelerator_types`: each kind's live learners, their measured samples/s in all
+        and (allreduce) their share of each step's batch."""
+        kinds = self.spec.accelerator_types
+        if not kinds or not self.runtime.distributed:
+            return {}
+        shares = self.strategy.shares(self.roster)
+        out = {}
+        for kind in kinds:
+            mine = [s for s in self.roster.live.values() if s.slot is not None and kind in s.slot.bundle]
+            out[kind] = {"learners": sorted(s.id for s in mine),
+                         "samples_per_s": round(sum(s.speed or 0.0 for s in mine), 2),
+                         "share": round(sum(shares.get(s.id, 0.0) for s in mine), 4) if shares else None}
+        return out

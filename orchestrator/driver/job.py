@@ -1,0 +1,223 @@
+"""TrainingJob: one training job, start to summary. It wires the parts — runtime, capacity,
+roster, elastic, group, training loop, evaluator, rollbacks, recovery log, checkpoints — runs
+them for the spec's budget and writes the run folder (`evals.jsonl`, `events.jsonl`,
+checkpoints, `summary.json`). Each part owns one concern (see docs/architecture.md); the job
+holds no policy of its own beyond when to evaluate and checkpoint.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+from orchestrator.base import strict_json
+from orchestrator.checkpoint.files import KEEP, LATEST, resume_from
+from orchestrator.checkpoint.job_checkpoint import JobCheckpoint, location_of_newest
+from orchestrator.checkpoint.rundir import RunDir
+from orchestrator.checkpoint.snapshot import Snapshots
+from orchestrator.checkpoint.state_store import StateStore
+from orchestrator.checkpoint.storage import RunStorage
+from orchestrator.cluster.capacity import Capacity
+from orchestrator.cluster.runtime import runtime_for
+from orchestrator.driver.config import JobSpec
+from orchestrator.driver.elastic import Elastic
+from orchestrator.driver.events import EventLog
+from orchestrator.driver.group import Group
+from orchestrator.driver.loop import TrainLoop, mean_loss
+from orchestrator.driver.metrics import JobMetrics
+from orchestrator.driver.recovery import RecoveryLog
+from orchestrator.driver.rollback import Rollbacks, TrainingDiverged, simulate_divergence
+from orchestrator.driver.roster import Roster
+from orchestrator.driver.summary import summarize
+from orchestrator.driver.watchdog import Watchdog
+from orchestrator.workload import build_workload
+
+Report = Callable[[dict], None]
+__all__ = ["TrainingDiverged", "TrainingJob"]
+
+
+class TrainingJob:
+    """Train `spec` and write its results into `out_dir`.
+
+    Args:
+        spec: a validated job spec.
+        out_dir: where `checkpoint.pt`, `evals.jsonl`, `events.jsonl` and `summary.json` go: a
+            folder, or a URI (`s3://...`, `orchestrator.checkpoint.storage`: the job works in a local staging
+            folder, `out_dir` then, and mirrors it there after every checkpoint and at the end).
+        report: called with each evaluation's record (the CLI prints a console line from it).
+        resume: continue from the newest usable checkpoint in `out_dir` (its counters, weights,
+            shard plan and curve).
+        runtime: where learners run (`orchestrator.cluster.runtime`; default: Ray when the spec allows
+            more than one learner, else this process).
+        pool: place the learners in these bundles (`capacity.BundlePool`, e.g. a Tune trial's).
+        overwrite: replace the run `out_dir` holds (without `resume` or `overwrite`, a folder that
+            holds files is refused: `orchestrator.checkpoint.rundir`).
+        keep_checkpoints: how many checkpoints (`checkpoint-<step>.pt`) the folder keeps.
+    """
+
+    def __init__(self, spec: JobSpec, out_dir: str | Path, report: Report | None = None, resume: bool = False,
+                 runtime=None, pool=None, overwrite: bool = False, keep_checkpoints: int = KEEP):
+        self.runtime = runtime or runtime_for(spec)
+        self.storage = RunStorage(out_dir)
+        self.spec, self.out_dir, self.resume, self.pool = spec, self.storage.local, resume, pool
+        self.overwrite, self.keep_checkpoints = overwrite, keep_checkpoints
+        self.run_dir = RunDir(self.out_dir)
+        self.report = report or (lambda record: None)
+        self.workload = build_workload(spec.workload, spec.workload_config, spec.seed)  # the driver's: data checks
+        # what the job's evaluator builds its workload from (it runs in the job's service, not here)
+        self.workload_args = (spec.workload, spec.workload_config.model_dump(mode="json"), spec.seed)
+        # where learners and the evaluator write checkpoint files: the run's URI, or its folder
+        self.store = StateStore(self.storage.uri or self.out_dir.resolve())
+        self.snapshots = Snapshots(self)  # evaluations and checkpoints
+        self.job_id = f"{spec.name}-{uuid.uuid4().hex[:6]}"
+        self.evals: list[dict] = []
+        self.recovery = RecoveryLog()
+        self.rollbacks = Rollbacks(self)
+        self.roster: Roster | None = None
+        self.events: EventLog | None = None
+        self._stop, self._interrupted = threading.Event(), threading.Event()
+        self.first_step_at: float | None = None
+        self._newest_checkpoint: str | None = None  # its file name, once one is written
+
+    @property
+    def recoveries(self) -> list[dict]:
+        return self.recovery.recoveries
+
+    @property
+    def node_groups(self) -> list[list[int]]:
+        """hierarchical: learner ids per node, as last formed."""
+        return self.group.node_groups if getattr(self, "group", None) else []
+
+    def stop(self) -> None:
+        """Finish early but cleanly (from another thread): the learners end their current chunk,
+        the job evaluates, writes its summary and returns."""
+        self._stop.set()
+
+    def interrupt(self) -> None:
+        """Ctrl-C (from a signal handler): the training loop raises KeyboardInterrupt at its next
+        turn, however the signal's own KeyboardInterrupt fared."""
+        self._interrupted.set()
+
+    def stop_requested(self) -> bool:
+        return self._stop.is_set()
+
+    def interrupted(self) -> bool:
+        return self._interrupted.is_set()
+
+    # -- the run --------------------------------------------------------------------------------
+    def run(self) -> dict:
+        """Train, holding the output folder (`orchestrator.checkpoint.rundir`) for the whole run. A split of
+        the spec without usable data is the workload's `input_error`, before anything is placed."""
+        self.workload.check_data()
+        self.claim()
+        try:
+            return self._run()
+        finally:
+            try:
+                self.storage.push()  # however the run ends, what it wrote reaches its storage
+            finally:
+                self.run_dir.release()
+                self.storage.close()
+
+    def claim(self) -> None:
+        """Check the output (a URI: what it holds; brought here for a resume) and lock the folder
+        the job writes in (`RunDir.claim`): `run` does it; the CLI does it first, before Ray."""
+        if self.run_dir.held:
+            return
+        self.storage.check(resume=self.resume, overwrite=self.overwrite)
+        if self.resume:
+            self.storage.pull()
+        self.run_dir.claim(resume=self.resume, overwrite=self.overwrite)
+
+    def _run(self) -> dict:
+        self.started_at = time.time()
+        checkpoint = JobCheckpoint.from_state(resume_from(self.out_dir, self.store).state) if self.resume else None
+        for name in ("evals.jsonl", "events.jsonl"):
+            if not self.resume or not (self.out_dir / name).exists():
+                (self.out_dir / name).write_text("")
+        self._assemble()
+        try:
+            slots = self.elastic.start(checkpoint.learner_ids if checkpoint else [])
+            wall_before = checkpoint.restore(self, slots) if checkpoint else 0.0
+            simulate_divergence(self, slots)
+            self.form_group()
+            if not self.rollbacks.states:  # before the first checkpoint, a rollback goes back to the start
+                self.snapshots.save_start()
+            loop = TrainLoop(self, time.time() - wall_before)
+            train_wall = loop.run()
+            # gossip's exchanges still in flight settle on both sides before the last evaluation:
+            # the actives' first, then the passives' (and a hierarchical node takes its leader's weights)
+            self.on_every_learner(lambda slot: slot.handle.settle_exchanges.remote())
+            self.on_every_learner(lambda slot: slot.handle.align_after_exchanges.remote())
+            self.poll_snapshot(wait=True)
+            if loop.losses or not self.evals:
+                self.evaluate(mean_loss(loop.losses) if loop.losses else float("nan"), loop.start)
+                self.poll_snapshot(wait=True)
+            summary = summarize(self, train_wall, time.time() - loop.start, loop.first_loss)
+            (self.out_dir / "summary.json").write_text(strict_json.dumps(summary, indent=2) + "\n")
+            return summary
+        finally:
+            self.elastic.close_and_release()
+
+    def _assemble(self) -> None:
+        """The parts, once the runtime is connected."""
+        self.runtime.connect()
+        spec, distributed = self.spec, self.runtime.distributed
+        self.metrics = JobMetrics(self.job_id, spec.group.kind if distributed else "solo", enabled=distributed)
+        self.events = EventLog(self.out_dir / "events.jsonl", self.metrics, self.started_at)
+        self.watchdog = Watchdog(spec.learners.stuck_after_s, spec.learners.stuck_step_multiple)
+        self.roster = Roster(self.events, self.metrics)
+        capacity = Capacity(self.job_id, spec, self.runtime, self.pool)
+        self.elastic = Elastic(self.job_id, spec, spec.workload_config.model_dump(mode="json"), self.runtime,
+                               capacity, self.roster, self.events, adopt_checkpoint=self.rollbacks.adopt)
+        self.group = Group(self.job_id, spec, self.runtime, self.roster, self.elastic, self.events)
+
+    def form_group(self) -> None:
+        """(Re-)form the group; learners that die while joining are dropped and it is formed again."""
+        while True:
+            if self.elastic.below_min():
+                self.elastic.wait_for_min()
+            if not self.group.form():
+                break
+        self.recovery.opened(self.roster.take_changes())
+        self.metrics.learners(len(self.roster))
+
+    def observe(self, learner_id: int, stats: dict) -> float | None:
+        """One learner's chunk report: its slot, metrics, recoveries; returns its mean loss."""
+        self.workload.add_skips(stats.get("skipped"))  # files its node could not read count in the summary
+        slot = self.roster.get(learner_id)
+        if slot is None:
+            return None
+        slot.observe(stats)
+        self.watchdog.observe(learner_id, stats["step_seconds"])
+        self.metrics.learner_chunk(learner_id, stats)
+        if slot.speed is not None:
+            self.metrics.speed(learner_id, slot.speed)
+        if stats.get("first_step_at") is not None:
+            self.first_step_at = min(self.first_step_at or stats["first_step_at"], stats["first_step_at"])
+        self.recovery.stepped(learner_id, stats.get("step_began", []), stats["step_seconds"])
+        return stats["loss"]
+
+    # -- evaluation and checkpoints (`snapshot.Snapshots`) ----------------------------------------
+    def evaluate(self, train_loss: float, start: float, wait: bool = False) -> None:
+        self.snapshots.begin(train_loss, start, wait)
+
+    def poll_snapshot(self, wait: bool = False) -> None:
+        self.snapshots.poll(wait)
+
+    def checkpoint_location(self) -> str:
+        """Where the run's newest checkpoint is kept (`job_checkpoint.location`)."""
+        self._newest_checkpoint = location_of_newest(self.storage, self.out_dir, self._newest_checkpoint)
+        return self.storage.locate(self._newest_checkpoint) if self.storage.uri else str(self.out_dir / LATEST)
+
+    def on_every_learner(self, call: Callable, slots: list | None = None) -> dict[int, object]:
+        """`call(slot)` (a remote call) on every live learner (or on `slots`): their answers by id;
+        those that are gone are dropped."""
+        slots = self.roster.slots() if slots is None else slots
+        results, failed = self.runtime.gather({call(s): s.id for s in slots})
+        for learner_id, error in failed:
+            self.elastic.drop(learner_id, error)
+        return dict(results)

@@ -1,0 +1,238 @@
+"""What a learner offers its driver and its group (`LearnerService`), and the same as a Ray actor in a
+process of its own (`LearnerActor`): training chunks, averaging requests and weight reads served
+concurrently, states written to and read from the run's store, and the model sums of consensus
+checks."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import ray
+import torch
+
+from orchestrator.base import flat as flat_state
+from orchestrator.groups.errors import GroupBroken
+from orchestrator.groups.links import PassiveLinks
+from orchestrator.learner.faults import SimulatedFaults
+from orchestrator.learner.replica import Learner
+
+
+class LearnerService(SimulatedFaults):
+    """What a learner offers its driver and its group: `run` trains; averaging requests and weight
+    reads are served on the `mix` concurrency group, concurrently with `run`. `LearnerActor` is
+    this class as a Ray actor; one-learner jobs use it in-process."""
+
+    def __init__(self, workload: str, workload_config: dict, seed: int, learner_id: int, planner, threads: int = 1,
+                 slowdown: float = 1.0, use_gpu: bool = True):
+        self.learner = Learner(workload, workload_config, seed, learner_id, planner, threads, use_gpu)
+        self.learner._slowdown, self.group = float(slowdown), None
+        self.passive_links = PassiveLinks(self.learner)  # gossip links its active partners opened
+        self._trainable = None  # which entries of the model's flat state are trainable weights
+        self._exit_in_join = self._exit_in_average = False
+
+    def device(self) -> str:
+        return self.learner.device.type
+
+    def node_id(self) -> str:
+        """The Ray node it runs on (`local` in the driver's process)."""
+        return "local"
+
+    def ip(self) -> str:
+        return ray.util.get_node_ip_address()
+
+    def free_port(self) -> int:
+        import socket
+
+        with socket.socket() as sock:
+            sock.bind(("", 0))
+            return sock.getsockname()[1]
+
+    def hello(self) -> dict:
+        """Once built (and any state sent before loaded): node, pid, device, CUDA_VISIBLE_DEVICES, counters."""
+        return {"node": self.node_id(), "pid": os.getpid(), "ready_at": time.time(), "device": str(self.learner.device),
+                "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"), **self.learner.counters()}
+
+    def join(self, group_state) -> None:
+        """Attach this learner to its group (a groups.* member object, built by the driver),
+        leaving the group it was in."""
+        if self._exit_in_join:  # a simulated death while the group forms (tests and bench/faults.py only)
+            os._exit(1)
+        if self.group is not None:
+            self.group.close()
+        self.group = group_state
+        self.group.setup(self.learner)
+
+    @ray.method(concurrency_group="mix")
+    def ping(self) -> bool:
+        """Answers while the learner's process is alive, even in the middle of a step."""
+        return True
+
+    @ray.method(concurrency_group="mix")
+    def heartbeat(self) -> dict:
+        """Its step count and since when its current step has been computing (None while it waits
+        on its group or between chunks), answered even in the middle of a step."""
+        return {"step": self.learner.step, "computing_since": self.learner.computing_since}
+
+    @ray.method(concurrency_group="mix")
+    def leave(self, reason: str) -> None:
+        """This learner must leave (its node is drained): it ends its chunk at the end of the step
+        in flight where its group allows (`stops_alone`), else at the chunk's end."""
+        self.learner.leaving = self.learner.leaving or reason
+
+    @ray.method(concurrency_group="mix")
+    def regroup(self, group_state) -> None:
+        """Swap in a new member of a group whose `setup` is a no-op (gossip) while `run` goes on:
+        the next step uses it."""
+        self.group = group_state
+
+    def set_slowdown(self, factor: float) -> None:
+        self.learner._slowdown = float(factor)
+
+    def set_lr_scale(self, scale: float) -> None:
+        """Train at `scale` times the scheduled learning rate (the job halves it on a rollback)."""
+        self.learner.lr_scale = float(scale)
+
+    def run(self, steps: int, deadline: float | None, max_epochs: int | None, progress: float,
+            seconds: float | None = None) -> dict:
+        """Up to `steps` optimizer steps, stopping early at the wall deadline (time.time()), once
+        `seconds` have passed since the chunk began (it takes one step at least), or when this
+        learner has finished `max_epochs` epochs; returns its stats. (A group step at an epoch
+        boundary trains nothing and does not count; two in a row mean an empty shard.)
+
+        A learner that may stop alone (`stops_alone`: gossip) checks the time before each step; the
+        members of a collective vote in each step's collective (`Learner.wants_to_stop`) and all end
+        the chunk after the first step in which any voted: never more than a step past the deadline."""
+        learner = self.learner
+        learner.progress = progress
+        alone = getattr(self.group, "stops_alone", True)
+        ends = [t for t in (deadline, time.time() + seconds if seconds else None) if t is not None]
+        learner.stop_at, learner.group_stops = (min(ends) if ends else None), False
+        target, idle, broken, first = learner.step + steps, 0, None, learner.step
+        if learner.leaving and alone:
+            target = learner.step  # a chunk queued before it was told to leave: it leaves instead
+        while learner.step < target and idle < 2:
+            if alone and deadline is not None and time.time() >= deadline:
+                break
+            if alone and learner.step > first and learner.wants_to_stop():
+                break
+            if max_epochs is not None and learner.epoch >= max_epochs:
+                break
+            before = learner.step
+            try:
+                learner.timed_step(self.group)
+            except GroupBroken as exc:  # a member of the collective is gone: the driver re-forms it
+                broken = str(exc)
+                break
+            idle = idle + 1 if learner.step == before else 0
+            if learner.group_stops or (learner.leaving and alone):
+                break  # the members of a collective agreed to end here; one that may stop alone leaves
+        learner.stop_at = None
+        return {**learner.take_stats(), "broken": broken, "leaving": learner.leaving}
+
+    def mix(self, rounds: int) -> int:
+        """`rounds` gossip exchanges without gradient steps; returns this learner's averages."""
+        for _ in range(rounds):
+            self.group.mix(self.learner)
+        return self.learner.averages
+
+    def settle_exchanges(self) -> None:
+        """The job's end, first half, on every learner: settle the gossip exchanges it started."""
+        getattr(self.group, "settle_all", lambda learner: None)(self.learner)
+
+    def align_after_exchanges(self) -> None:
+        """The job's end, second half: the exchanges it serves settle on its side too, then a hierarchical
+        node takes its leader's weights (so the last evaluation holds both halves of every exchange)."""
+        self.passive_links.wait_answered()
+        getattr(self.group, "align", lambda learner: None)(self.learner)
+
+    @ray.method(concurrency_group="links")
+    def open_link(self, key: str, address: str, compression: str = "none", interface: str | None = None) -> str:
+        """An active gossip partner opens a link to this learner (`groups/links.py`): this side
+        joins its rendezvous in a thread and serves its exchanges there; returns the link's codec."""
+        return self.passive_links.open(key, address, compression, interface)
+
+    @ray.method(concurrency_group="mix")
+    def average(self, other: torch.Tensor) -> torch.Tensor:
+        """One pairwise average through the object store (a leaving learner's handover)."""
+        if self._exit_in_average:  # a simulated death mid-exchange (tests and bench/faults.py only)
+            os._exit(1)
+        return self.learner.average(other)
+
+    @ray.method(concurrency_group="mix")
+    def weights(self) -> torch.Tensor:
+        return self.learner.flat_weights()
+
+    @ray.method(concurrency_group="mix")
+    def load_weights(self, flat: torch.Tensor) -> None:
+        self.learner.load_flat_weights(flat)
+
+    @ray.method(concurrency_group="mix")
+    def state(self) -> dict:
+        return self.learner.state()
+
+    def load_state(self, state: dict, adopt: bool = False) -> None:
+        self.learner.load_state(state, adopt)
+
+    # -- checkpoints and evaluation, without the driver holding a model ---------------------------
+    @ray.method(concurrency_group="mix")
+    def save_state(self, store, name: str) -> dict:
+        """Write this learner's state as `name` into `store` (the run's `StateStore`, sent by the driver); returns
+        the manifest's entry for it: the file, its bytes and the counters it holds."""
+        state = self.learner.state()
+        return {"file": name, "bytes": store.write(name, state), "counters": state["counters"]}
+
+    def load_state_file(self, store, entry: dict, adopt: bool = False) -> None:
+        """`load_state` of a checkpoint's entry: its file read here, its counters (a file shared by
+        learners whose weights are equal holds one learner's) taken from the entry."""
+        state = store.read(entry["file"])
+        self.learner.load_state({**state, "counters": entry.get("counters", state["counters"])}, adopt)
+
+    @ray.method(concurrency_group="mix")
+    def model_vector(self) -> torch.Tensor:
+        """The model's floating-point state as one flat CPU tensor (`base/flat.py`)."""
+        with self.learner.lock:
+            return flat_state.to_vector(self.learner.model)
+
+    @ray.method(concurrency_group="mix")
+    def add_vectors(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """a + b: one node of the tree in which learners sum their models (`consensus.py`)."""
+        return a + b
+
+    @ray.method(concurrency_group="mix")
+    def distance_to(self, total: torch.Tensor, count: int) -> float:
+        """L2 distance of this learner's trainable weights to those of the mean `total / count`."""
+        if self._trainable is None:
+            self._trainable = flat_state.trainable_mask(self.learner.model)
+        with self.learner.lock:
+            mine = flat_state.to_vector(self.learner.model)
+        return float((mine - total / count)[self._trainable].norm())
+
+    def counters(self) -> dict:
+        return self.learner.counters()
+
+    def close(self) -> None:
+        if self.group is not None:
+            self.group.close()
+
+
+class _LearnerProcess(LearnerService):
+    """A learner in a process of its own (a Ray actor): SIGTERM (a preempted node or pod, a
+    `kill`) makes it leave gracefully, as a drain does, rather than die."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.learner.node_address = ray.util.get_node_ip_address()
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def node_id(self) -> str:
+        return ray.get_runtime_context().get_node_id()
+
+    def _on_sigterm(self, signum, frame) -> None:
+        self.learner.leaving = self.learner.leaving or "SIGTERM"
+
+
+LearnerActor = ray.remote(concurrency_groups={"mix": 1, "links": 1})(_LearnerProcess)

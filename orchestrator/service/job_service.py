@@ -1,0 +1,45 @@
+"""JobService: the job's one helper process beside its driver, on the driver's node. It hosts the
+shard planner (asked by the learners at every epoch, `shards.py`) and the evaluator (asked by
+the driver, `evaluator.py`) on separate threads, so a dev evaluation never delays a learner's
+next shard. One process per job rather than two: a Ray worker's start-up (importing torch) is
+the costliest thing a small job does.
+
+The evaluator is built on first use (from the arguments of that call), so a job that never
+evaluates never builds its model here.
+"""
+
+from __future__ import annotations
+
+import ray
+
+from orchestrator.service.evaluator import Evaluator
+from orchestrator.service.shards import ShardPlanner
+
+
+class JobService(ShardPlanner):
+    """The `ShardPlanner` (its methods as they are) plus `evaluate` and `score` on the `eval` thread;
+    the evaluator's model is on a GPU only with `use_gpu` (the spec's `service_gpus`)."""
+
+    def __init__(self, members: list[int] = (), use_gpu: bool = False):
+        super().__init__(members)
+        self._evaluator: Evaluator | None = None
+        self.use_gpu = use_gpu
+
+    def _evaluator_for(self, workload: tuple) -> Evaluator:
+        if self._evaluator is None:
+            self._evaluator = Evaluator(*workload, use_gpu=self.use_gpu)
+        return self._evaluator
+
+    @ray.method(concurrency_group="eval")
+    def evaluate(self, workload: tuple, total, count: int, splits: list[str], store_root: str | None = None,
+                 model_name: str | None = None) -> dict:
+        """`Evaluator.evaluate`; `workload` is (name, config, seed)."""
+        return self._evaluator_for(workload).evaluate(total, count, splits, store_root, model_name)
+
+    @ray.method(concurrency_group="eval")
+    def score(self, workload: tuple, splits: list[str]) -> dict:
+        """`Evaluator.score` of the model evaluated last."""
+        return self._evaluator_for(workload).score(splits)
+
+
+JobServiceActor = ray.remote(concurrency_groups={"eval": 1})(JobService)
