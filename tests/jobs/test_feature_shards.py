@@ -15,7 +15,7 @@ from jobs.data import DataError
 from jobs.feature_shards import INDEX, FeatureShards, is_features_folder, write_shards
 from jobs.sections import WorkloadConfig
 from jobs.workload import AsrWorkload
-from tests.conftest import run_cli
+from tests.builders import run_cli
 
 pytestmark = pytest.mark.unit
 

@@ -132,7 +132,7 @@ def test_learners_streaming_shards_train_every_utterance_once_across_a_resume_an
     its checkpoint with 3 learners for 2 more: every utterance once an epoch, none skipped, the
     curve goes on, nothing left behind."""
     from orchestrator.driver.job import TrainingJob
-    from tests.conftest import assert_nothing_left, make_spec
+    from tests.builders import assert_nothing_left, make_spec
 
     def spec(learners: int, epochs: int):
         return make_spec(corpus, name="streamed", learners=learners, group={"kind": "allreduce", "balance": False},

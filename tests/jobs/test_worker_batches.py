@@ -77,7 +77,7 @@ def test_learner_actors_with_worker_processes_train_every_utterance_once_across_
     checkpoint with 3 learners for 2 more: every utterance once an epoch across both, none
     skipped, the new split used, nothing left behind."""
     from orchestrator.driver.job import TrainingJob
-    from tests.conftest import assert_nothing_left, make_spec
+    from tests.builders import assert_nothing_left, make_spec
 
     def spec(learners: int, epochs: int):
         return make_spec(corpus, name="workers", learners=learners, group={"kind": "allreduce", "balance": False},

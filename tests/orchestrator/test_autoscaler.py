@@ -23,7 +23,7 @@ import yaml
 
 from orchestrator.cluster.local_head import HeadNode
 from orchestrator.driver.job import TrainingJob
-from tests.conftest import linear_spec, run_in_thread, stop_job
+from tests.builders import linear_spec, run_in_thread, stop_job
 
 ROOT = Path(__file__).resolve().parents[2]
 IDLE_TIMEOUT_S = 15.0  # the test clusters' idle timeout (cluster.yaml's is 10 minutes)

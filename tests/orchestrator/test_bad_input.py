@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from jobs.sections import WorkloadConfig
 from jobs.workload import AsrWorkload
 from orchestrator.driver.job import TrainingJob
-from tests.conftest import make_spec, run_cli
+from tests.builders import make_spec, run_cli
 
 ROOT = Path(__file__).parents[2]
 TINY = ROOT / "jobs" / "configs" / "tiny.yaml"

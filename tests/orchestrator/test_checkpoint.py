@@ -15,7 +15,7 @@ import torch
 from orchestrator.checkpoint import files as checkpoint
 from orchestrator.checkpoint.files import CheckpointError
 from orchestrator.checkpoint.rundir import RunDir, RunDirError
-from tests.conftest import make_spec, run_cli
+from tests.builders import make_spec, run_cli
 
 
 def _state(value: float = 1.0) -> dict:

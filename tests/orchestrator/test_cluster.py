@@ -17,7 +17,7 @@ import pytest
 
 from orchestrator.cli.dashboards import DASHBOARD, panel_queries
 from orchestrator.cluster.local_head import BIN, HeadNode, free_port
-from tests.conftest import linear_spec, run_cli
+from tests.builders import linear_spec, run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.xdist_group("ray-head")  # one worker runs them all: they share the module's head

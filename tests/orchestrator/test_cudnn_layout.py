@@ -9,7 +9,7 @@ import torch
 
 from orchestrator.learner.replica import Learner
 from orchestrator.service.shards import ShardPlanner
-from tests.conftest import make_spec
+from tests.builders import make_spec
 
 pytestmark = pytest.mark.unit
 

@@ -11,7 +11,7 @@ import pytest
 
 from orchestrator.cluster.capacity import learner_bundle
 from orchestrator.driver.config import parse_spec
-from tests.conftest import assert_nothing_left, linear_spec
+from tests.builders import assert_nothing_left, linear_spec
 
 LINEAR = {k: v for k, v in linear_spec(raw=True).items() if k in ("workload", "data", "optim")}
 

@@ -79,7 +79,7 @@ def test_a_learner_that_joined_later_is_told_its_first_epoch_with_a_shard():
 def test_a_free_running_newcomer_moves_to_its_first_epoch_in_one_idle_step():
     from orchestrator.groups.replica import next_batch_or_new_epoch
     from orchestrator.learner.replica import Learner
-    from tests.conftest import linear_spec
+    from tests.builders import linear_spec
 
     planner = ShardPlanner([0, 1])
     for epoch in range(5):
@@ -97,7 +97,7 @@ def test_a_free_running_newcomer_moves_to_its_first_epoch_in_one_idle_step():
 def test_a_newcomer_the_planner_does_not_count_yet_neither_splits_epochs_nor_moves_on():
     from orchestrator.groups.replica import next_batch_or_new_epoch
     from orchestrator.learner.replica import Learner
-    from tests.conftest import linear_spec
+    from tests.builders import linear_spec
 
     planner = ShardPlanner([0, 1])
     for epoch in range(5):
@@ -123,7 +123,7 @@ from pathlib import Path  # noqa: E402
 from orchestrator.cluster.runtime import fetch  # noqa: E402
 from orchestrator.driver.config import parse_spec  # noqa: E402
 from orchestrator.driver.job import TrainingJob  # noqa: E402
-from tests.conftest import (  # noqa: E402
+from tests.builders import (  # noqa: E402
     assert_nothing_left,
     leftovers_of,
     linear_spec,
@@ -132,7 +132,7 @@ from tests.conftest import (  # noqa: E402
     stop_job,
 )
 
-# the tiny linear workload (tests/conftest.py `linear_spec`): these tests are about orchestration
+# the tiny linear workload (tests/builders.py `linear_spec`): these tests are about orchestration
 LINEAR = {k: v for k, v in linear_spec(raw=True).items() if k in ("workload", "data", "optim")}
 
 

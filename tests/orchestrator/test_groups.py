@@ -15,7 +15,7 @@ from orchestrator.driver.metrics import prometheus_names
 from orchestrator.groups.allreduce import AllreduceMember
 from orchestrator.groups.gossip import GossipMember, ring_partners
 from orchestrator.workload import build_workload
-from tests.conftest import assert_nothing_left, linear_spec
+from tests.builders import assert_nothing_left, linear_spec
 
 
 def _job_metrics(ray, job_id: str) -> dict[str, dict[tuple, float]]:

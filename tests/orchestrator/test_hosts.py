@@ -19,7 +19,7 @@ import pytest
 from orchestrator.groups.network import CHOSEN_BY
 from orchestrator.testing.hosts import Hosts, unavailable
 from orchestrator.testing.netns import remnants
-from tests.conftest import make_spec, run_cli
+from tests.builders import make_spec, run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 WHY = unavailable()

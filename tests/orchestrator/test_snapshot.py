@@ -11,7 +11,7 @@ from orchestrator.checkpoint import files as checkpoint
 from orchestrator.checkpoint.state_store import START, StateStore, model_file, state_file
 from orchestrator.cluster.runtime import RayRuntime
 from orchestrator.driver.job import TrainingJob
-from tests.conftest import linear_spec
+from tests.builders import linear_spec
 
 BIG = {"features": 2048, "classes": 16}  # a 32,784-parameter model: 131 kB of weights
 

@@ -7,7 +7,7 @@ from jobs.data import read_corpus
 from jobs.tokenizer import BpeTokenizer, normalize
 from orchestrator.checkpoint.files import load
 from orchestrator.driver.job import TrainingJob
-from tests.conftest import SMALL_MODEL, make_spec, run_cli
+from tests.builders import SMALL_MODEL, make_spec, run_cli
 
 SPLITS = ("train", "dev", "test/", "test_unseen")  # all four; test as its LibriSpeech-layout folder
 

@@ -22,7 +22,7 @@ import yaml
 from orchestrator.driver.config import SpecError
 from search import load_sweep
 from search.space import Space
-from tests.conftest import linear_spec, run_cli
+from tests.builders import linear_spec, run_cli
 
 SPACE = {
     "optim.lr": {"type": "float", "low": 1e-4, "high": 1e-2, "log": True},
