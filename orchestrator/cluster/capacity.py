@@ -199,10 +199,8 @@ class Capacity:
 
     def waiting_message(self, have: int, timed_out: bool = False) -> str:
         """What the job waits for: its learners, the minimum, the bundle and what is free now."""
-        import ray
-
         want = self.spec.learners
-        available = ray.available_resources()
+        available = self.runtime.available_resources()
         free = {k: round(available.get(k, 0), 2) for k in self.bundle}
         what = (f"{self.job_id}: {have} of at least {want.min} learners placed; "
                 f"{'gave up waiting' if timed_out else 'waiting'} for capacity for {want.min - have} more "

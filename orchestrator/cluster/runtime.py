@@ -16,14 +16,11 @@ import os
 from types import SimpleNamespace
 
 Results = tuple[list[tuple[int, object]], list[tuple[int, Exception]]]
-LEARNER_MALLOC_ARENAS = "1"  # glibc malloc arenas in a learner's process (MALLOC_ARENA_MAX, unless set):
-# a learner steps on a Ray executor thread and reads batches on a prefetch thread, and with glibc's
-# default (8 per core) their freed memory stayed in per-thread arenas: a one-learner job's actor
-# grew 45-90 MB at each epoch's start (+196 MB over epochs 2-3, bench/data_pipeline.py); with one
-# arena, +18 MB, as in one process
-NO_GPU_ENV = {"CUDA_VISIBLE_DEVICES": ""}  # the environment of a process that reserved no GPU:
-# Ray (2.60) leaves CUDA_VISIBLE_DEVICES alone for an actor with num_gpus=0, so torch saw the node's
-# GPUs (on an H200, an `accelerator: cpu` learner trained on cuda and the evaluator took 820 MiB)
+LEARNER_MALLOC_ARENAS = "1"  # glibc malloc arenas in a learner's process (MALLOC_ARENA_MAX, unless set): one
+# keeps the memory its step and prefetch threads free in one place (why: bench/README.md, "Figures
+# behind constants")
+NO_GPU_ENV = {"CUDA_VISIBLE_DEVICES": ""}  # the environment of a process that reserved no GPU: Ray
+# leaves CUDA_VISIBLE_DEVICES alone for an actor with num_gpus=0, so torch would see the node's GPUs
 
 
 class RayRuntime:
@@ -119,6 +116,20 @@ class RayRuntime:
         return ray._private.state.state.get_draining_nodes()
 
     @staticmethod
+    def available_resources() -> dict[str, float]:
+        """What the cluster has free now."""
+        import ray
+
+        return ray.available_resources()
+
+    @staticmethod
+    def node_inventory() -> list[dict]:
+        """The cluster's nodes (`resources.node_inventory`)."""
+        from orchestrator.cluster.resources import node_inventory
+
+        return node_inventory()
+
+    @staticmethod
     def start_learner(job_id: str, learner_id: int, slot, workload: str, workload_config: dict, seed: int,
                       planner, slowdown: float = 1.0):
         """The learner actor `<job>/learner-<id>` in a placed slot (returns at once; its `hello()`
@@ -208,6 +219,14 @@ class LocalRuntime:
     @staticmethod
     def draining_nodes() -> dict:
         return {}
+
+    @staticmethod
+    def available_resources() -> dict[str, float]:
+        return {}
+
+    @staticmethod
+    def node_inventory() -> list[dict]:
+        return []
 
     @staticmethod
     def start_learner(job_id: str, learner_id: int, slot, workload: str, workload_config: dict, seed: int,

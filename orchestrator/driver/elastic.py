@@ -23,7 +23,9 @@ __all__ = ["CapacityTimeout", "Elastic"]
 
 
 class Elastic:
-    """Args:
+    """Membership changes while the job trains: learners placed, started, dropped, retired.
+
+    Args:
     job_id, spec: the job; workload_config: the workload's sections of the spec, as a dict.
     runtime: where learners run; capacity: the job's slots; roster: its books.
     events: the job's EventLog.
@@ -32,10 +34,11 @@ class Elastic:
     """
 
     def __init__(self, job_id: str, spec, workload_config: dict, runtime, capacity: Capacity, roster: Roster,
-                 events, adopt_checkpoint=None):
+                 events, adopt_checkpoint=None, clock=time.time):
         self.job_id, self.spec, self.workload_config = job_id, spec, workload_config
         self.runtime, self.capacity, self.roster, self.events = runtime, capacity, roster, events
         self.adopt_checkpoint = adopt_checkpoint or (lambda handle: None)
+        self.clock = clock  # what drains are polled by
         self.service = None  # the job's JobService: shard planner and evaluator
         self.started = False
         self._drains_checked = 0.0
@@ -140,9 +143,9 @@ class Elastic:
     def check_drains(self) -> None:
         """Learners on nodes Ray is draining (`ray drain-node`, the autoscaler's preemption and
         idle termination) are told to leave at the end of their step in flight."""
-        if time.time() - self._drains_checked < DRAIN_POLL_S:
+        if self.clock() - self._drains_checked < DRAIN_POLL_S:
             return
-        self._drains_checked = time.time()
+        self._drains_checked = self.clock()
         draining = self.runtime.draining_nodes()
         for slot in self.roster.live.values():
             if slot.node in draining and slot.leaving is None:
@@ -195,8 +198,6 @@ class Elastic:
         gone by now keep only their id."""
         if not self.runtime.distributed:
             return []
-        from orchestrator.cluster.resources import node_inventory
-
-        known, gpus = {n["node_id"]: n for n in node_inventory()}, self.capacity.bundle.get("GPU", 0.0)
+        known, gpus = {n["node_id"]: n for n in self.runtime.node_inventory()}, self.capacity.bundle.get("GPU", 0.0)
         return [{**known.get(node, {"node_id": node, "gone": True}), "learners": ids, "gpus_per_learner": gpus}
                 for node, ids in self.roster.hosted.items()]

@@ -56,14 +56,16 @@ class TrainingJob:
         overwrite: replace the run `out_dir` holds (without `resume` or `overwrite`, a folder that
             holds files is refused: `orchestrator.checkpoint.rundir`).
         keep_checkpoints: how many checkpoints (`checkpoint-<step>.pt`) the folder keeps.
+        clock: what the watchdog times learners by (time.time; a test's own).
     """
 
     def __init__(self, spec: JobSpec, out_dir: str | Path, report: Report | None = None, resume: bool = False,
-                 runtime=None, pool=None, overwrite: bool = False, keep_checkpoints: int = KEEP):
+                 runtime=None, pool=None, overwrite: bool = False, keep_checkpoints: int = KEEP,
+                 clock: Callable[[], float] = time.time):
         self.runtime = runtime or runtime_for(spec)
         self.storage = RunStorage(out_dir)
         self.spec, self.out_dir, self.resume, self.pool = spec, self.storage.local, resume, pool
-        self.overwrite, self.keep_checkpoints = overwrite, keep_checkpoints
+        self.overwrite, self.keep_checkpoints, self.clock = overwrite, keep_checkpoints, clock
         self.run_dir = RunDir(self.out_dir)
         self.report = report or (lambda record: None)
         self.workload = build_workload(spec.workload, spec.workload_config, spec.seed)  # the driver's: data checks
@@ -75,12 +77,15 @@ class TrainingJob:
         self.job_id = f"{spec.name}-{uuid.uuid4().hex[:6]}"
         self.evals: list[dict] = []
         self.recovery = RecoveryLog()
-        self.rollbacks = Rollbacks(self)
+        self.rollbacks = Rollbacks(self.store, self.workload.max_rollbacks, self._emit)
         self.roster: Roster | None = None
         self.events: EventLog | None = None
         self._stop, self._interrupted = threading.Event(), threading.Event()
         self.first_step_at: float | None = None
         self._newest_checkpoint: str | None = None  # its file name, once one is written
+
+    def _emit(self, *args, **fields) -> None:
+        self.events.emit(*args, **fields)  # the event log is made once the run starts (`_assemble`)
 
     @property
     def recoveries(self) -> list[dict]:
@@ -166,13 +171,17 @@ class TrainingJob:
         """The parts, once the runtime is connected."""
         self.runtime.connect()
         spec, distributed = self.spec, self.runtime.distributed
-        self.metrics = JobMetrics(self.job_id, spec.group.kind if distributed else "solo", enabled=distributed)
+        # recorded when this process is connected to Ray (which a distributed runtime's `connect` makes it)
+        self.metrics = JobMetrics(self.job_id, spec.group.kind if distributed else "solo",
+                                  enabled=None if distributed else False)
         self.events = EventLog(self.out_dir / "events.jsonl", self.metrics, self.started_at)
-        self.watchdog = Watchdog(spec.learners.stuck_after_s, spec.learners.stuck_step_multiple)
+        self.watchdog = Watchdog(spec.learners.stuck_after_s, spec.learners.stuck_step_multiple, self.runtime,
+                                 self.clock)
         self.roster = Roster(self.events, self.metrics)
         capacity = Capacity(self.job_id, spec, self.runtime, self.pool)
         self.elastic = Elastic(self.job_id, spec, spec.workload_config.model_dump(mode="json"), self.runtime,
-                               capacity, self.roster, self.events, adopt_checkpoint=self.rollbacks.adopt)
+                               capacity, self.roster, self.events, adopt_checkpoint=self.rollbacks.adopt,
+                               clock=self.clock)
         self.group = Group(self.job_id, spec, self.runtime, self.roster, self.elastic, self.events)
 
     def form_group(self) -> None:

@@ -16,6 +16,7 @@ import time
 from collections import Counter
 
 from orchestrator.checkpoint.files import LATEST
+from orchestrator.checkpoint.job_checkpoint import load_entry
 from orchestrator.driver.watchdog import HEARTBEAT_EVERY_S
 
 CHUNK_STEPS = 8  # steps per `run` call: how often the driver looks at budget and evaluations
@@ -31,10 +32,11 @@ UNRESPONSIVE_S = 5.0  # a round's member that neither finishes nor answers a pin
 
 
 class TrainLoop:
-    """Args:
-    job: the `TrainingJob` (its parts: spec, runtime, roster, elastic, group, watchdog, recovery;
-        `rollbacks`, and `observe`, `evaluate`, `stop_requested`, `interrupted`).
-    start: time.time() the training began (earlier for a resumed run: its wall so far).
+    """Drives the job's learners in chunks of steps until its budget is spent.
+
+    Args: job (the `TrainingJob`: spec, runtime, roster, elastic, group, watchdog, recovery,
+    rollbacks; observe, evaluate, stop_requested, interrupted); start (time.time() the training
+    began; earlier for a resumed run: its wall so far).
     """
 
     def __init__(self, job, start: float):
@@ -45,7 +47,6 @@ class TrainLoop:
         self.losses: list[tuple[float, int]] = []  # (a chunk's mean loss, its steps) since the last evaluation
         self.first_loss: float | None = None
 
-    # -- budget -----------------------------------------------------------------------------------
     def progress(self) -> float:
         fractions = []
         if self.budget.epochs is not None:
@@ -59,7 +60,6 @@ class TrainLoop:
         out_of_time = self.deadline is not None and time.time() >= self.deadline
         return epochs_spent(self.budget, stats.get("epoch", 0)) or out_of_time or self.job.stop_requested()
 
-    # -- the loop ---------------------------------------------------------------------------------
     def run(self) -> float:
         """Train until the budget is spent; returns the training wall seconds."""
         job, roster = self.job, self.job.roster
@@ -123,7 +123,10 @@ class TrainLoop:
         job = self.job
         if job.rollbacks.diverged(results):  # a non-finite loss: back to the last checkpoint at half the rate
             job.poll_snapshot(wait=True)  # one in flight is written only if its weights were still finite
-            self.reform = job.rollbacks.roll_back(results, failed, self, job.out_dir / LATEST) or self.reform
+            for learner_id, error in failed:
+                job.elastic.drop(learner_id, error)
+            self.drain()  # every learner between chunks
+            self.reform = roll_back(job, results) or self.reform
             self.losses = []
             return False
         for learner_id, stats in results:
@@ -220,8 +223,7 @@ class TrainLoop:
                 self.job.elastic.drop(learner_id, error)
 
     def drop_stuck(self) -> None:
-        """Drop (kill, free, ask again for) the running learners the watchdog finds stuck; their
-        chunks are forgotten."""
+        """Drop (kill, free, ask again for) the running learners the watchdog finds stuck."""
         job = self.job
         if not job.runtime.distributed:
             return
@@ -229,6 +231,21 @@ class TrainLoop:
         for learner_id, why in job.watchdog.stuck(running):
             self._forget(learner_id)
             job.elastic.drop(learner_id, why)
+
+
+def roll_back(job, results: list) -> bool:
+    """Carry out the rollbacks' decision (`rollback.py`) after a diverged round, its learners
+    between chunks: every learner's state loaded, the learning rate scaled, the counters read
+    afresh. Returns whether the group must be re-formed."""
+    rollbacks = job.rollbacks
+    lr_scales = [s.stats.get("lr_scale", 1.0) for s in job.roster.live.values()]
+    decision = rollbacks.decide(results, lr_scales, job.out_dir / LATEST)
+    job.on_every_learner(lambda s: load_entry(s.handle, job.store, *rollbacks.entry_for(s.id)))
+    job.on_every_learner(lambda s: s.handle.set_lr_scale.remote(decision.scale))
+    for learner_id, counters in job.on_every_learner(lambda s: s.handle.counters.remote()).items():
+        job.roster.live[learner_id].stats = counters
+    rollbacks.rolled_back(decision)
+    return decision.broken
 
 
 def take_counters(job) -> None:

@@ -1,11 +1,14 @@
 """Rollbacks of a non-finite loss: the learner entries of the last checkpoint (or of the starting
-state, before the first; files in the run's store, `state_store.py`), and putting every learner
-back to them at half the learning rate, at most the workload's `max_rollbacks` times; then
-`TrainingDiverged`. Each learner reads its state itself; the driver holds only the entries."""
+state, before the first; files in the run's store, `state_store.py`), and the decision to put
+every learner back to them at half the learning rate, at most the workload's `max_rollbacks`
+times; then `TrainingDiverged`. The training loop carries a decision out (`loop.py`); each learner
+reads its state itself, and the driver holds only the entries."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from pathlib import Path
 
 from orchestrator.checkpoint.job_checkpoint import load_entry
 
@@ -14,13 +17,30 @@ class TrainingDiverged(RuntimeError):
     """The training loss stayed non-finite after `optim.max_rollbacks` rollbacks."""
 
 
+@dataclass(frozen=True)
+class RollBack:
+    """The rollbacks' decision: every learner back to its entry (`Rollbacks.entry_for`) at `scale`
+    times the scheduled learning rate. `broken`: a collective broke in the same round (the group
+    must be re-formed)."""
+
+    scale: float
+    where: str  # "at step N", or "in the weights an evaluation read"
+    at: int | None
+    broken: bool
+
+
 class Rollbacks:
-    """Args:
-    job: the `TrainingJob` (its roster, elastic, events, runtime, workload, and `on_every_learner`).
+    """The rollback policy: which states a non-finite loss goes back to, at what learning rate, and
+    when to give up. It decides (`decide`); the training loop carries the decision out.
+
+    Args:
+    store: the run's `StateStore` (a newcomer with nobody to start from reads its state there).
+    max_rollbacks: the workload's `max_rollbacks`.
+    emit: the job's `EventLog.emit`.
     """
 
-    def __init__(self, job):
-        self.job = job
+    def __init__(self, store, max_rollbacks: int, emit):
+        self.store, self.max_rollbacks, self.emit = store, max_rollbacks, emit
         self.states: dict[int, dict] = {}  # learner id -> its entry in the last checkpoint
         self.count = 0
         self.weights_diverged = False  # an evaluation read non-finite weights: roll back
@@ -32,42 +52,40 @@ class Rollbacks:
         """A newcomer with no live learner to start from takes the last checkpoint's first state."""
         first = self.first_state()
         if first is not None:
-            load_entry(handle, self.job.store, first, True)
+            load_entry(handle, self.store, first, True)
 
     def diverged(self, results: list[tuple[int, dict]]) -> bool:
         """Whether a chunk's loss, or the weights the last evaluation read, are not finite."""
         return self.weights_diverged or any(
             stats.get("loss") is not None and not math.isfinite(stats["loss"]) for _, stats in results)
 
-    def roll_back(self, results: list[tuple[int, dict]], failed: list, loop, latest) -> bool:
-        """Every learner back to the last checkpointed states at half the learning rate, or
-        `TrainingDiverged` (naming `latest`, the last good checkpoint file) once the rollbacks are
-        spent. Returns whether a collective broke in this round (the group must be re-formed)."""
-        job, limit = self.job, self.job.workload.max_rollbacks
+    def decide(self, results: list[tuple[int, dict]], lr_scales: list[float], latest: Path) -> RollBack:
+        """After a diverged round (`results`; the live learners' `lr_scales`): back to the last
+        checkpointed states at half the lowest learning rate, or `TrainingDiverged` (naming
+        `latest`, the last good checkpoint file) once the rollbacks are spent."""
         at = min((s["nonfinite_at"] for _, s in results if s.get("nonfinite_at") is not None), default=None)
         where = f"at step {at}" if at is not None else "in the weights an evaluation read"
-        for learner_id, error in failed:
-            job.elastic.drop(learner_id, error)
-        loop.drain()
-        if self.count >= limit:
+        if self.count >= self.max_rollbacks:
             kept = f"the last good checkpoint is {latest}" if latest.is_file() else "no checkpoint was written"
             raise TrainingDiverged(f"the training loss became non-finite {where} after {self.count} rollback(s) "
-                                   f"(optim.max_rollbacks={limit}); {kept}; lower optim.lr or raise "
+                                   f"(optim.max_rollbacks={self.max_rollbacks}); {kept}; lower optim.lr or raise "
                                    "optim.max_rollbacks")
-        scale = 0.5 * min((s.stats.get("lr_scale", 1.0) for s in job.roster.live.values()), default=1.0)
-        first = self.first_state()
-        job.on_every_learner(lambda s: load_entry(s.handle, job.store, self.states.get(s.id, first),
-                                                  s.id not in self.states))
-        job.on_every_learner(lambda s: s.handle.set_lr_scale.remote(scale))
-        for learner_id, counters in job.on_every_learner(lambda s: s.handle.counters.remote()).items():
-            job.roster.live[learner_id].stats = counters
+        return RollBack(scale=0.5 * min(lr_scales, default=1.0), where=where, at=at,
+                        broken=any(stats.get("broken") for _, stats in results))
+
+    def entry_for(self, learner_id: int) -> tuple[dict, bool]:
+        """A learner's state to go back to, and whether it adopts it (a learner that joined after
+        the checkpoint takes the first learner's)."""
+        return self.states.get(learner_id, self.first_state()), learner_id not in self.states
+
+    def rolled_back(self, decision: RollBack) -> None:
+        """The loop carried `decision` out: counted, and its event."""
         self.count += 1
         self.weights_diverged = False
-        to_step = first["counters"]["step"]
-        job.events.emit("rollback", f"non-finite loss {where}: every learner back to step {to_step}, learning rate "
-                        f"x{scale:g} (rollback {self.count} of at most {limit})",
-                        at_step=at, to_step=to_step, lr_scale=scale)
-        return any(stats.get("broken") for _, stats in results)
+        to_step = self.first_state()["counters"]["step"]
+        self.emit("rollback", f"non-finite loss {decision.where}: every learner back to step {to_step}, learning "
+                  f"rate x{decision.scale:g} (rollback {self.count} of at most {self.max_rollbacks})",
+                  at_step=decision.at, to_step=to_step, lr_scale=decision.scale)
 
 
 def simulate_divergence(job, slots) -> None:

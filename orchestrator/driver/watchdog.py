@@ -20,12 +20,17 @@ HEARTBEAT_EVERY_S = 2.0  # how often running learners are asked
 
 
 class Watchdog:
-    """Args:
+    """Judges the running learners' heartbeats: which are stuck, and why.
+
+    Args:
     after_s, step_multiple: the spec's `learners.stuck_after_s` and `learners.stuck_step_multiple`.
+    runtime: where the heartbeats' answers are read (`wait`, `get`, `failed_remotely`).
+    clock: time.time, or a test's.
     """
 
-    def __init__(self, after_s: float, step_multiple: float):
+    def __init__(self, after_s: float, step_multiple: float, runtime, clock=time.time):
         self.after_s, self.step_multiple = after_s, step_multiple
+        self.runtime, self.clock = runtime, clock
         self._step_s: dict[int, deque] = {}
         self._answered_at: dict[int, float] = {}
         self._last_check = 0.0
@@ -45,9 +50,7 @@ class Watchdog:
         HEARTBEAT_EVERY_S it judges the answers to the heartbeats it sent the time before (one
         not answered by now is silent) and sends the next round; it never waits, so the driver's
         loop goes on dispatching chunks whatever the number of learners."""
-        import ray
-
-        now = time.time()
+        now = self.clock()
         if not running or now - self._last_check < HEARTBEAT_EVERY_S:
             return []
         self._last_check = now
@@ -55,13 +58,14 @@ class Watchdog:
             if learner_id not in running:  # between chunks: its silence starts counting afresh
                 del self._answered_at[learner_id]
         asked, self._asked = self._asked, {}
-        ready, _ = ray.wait(list(asked), num_returns=len(asked), timeout=0) if asked else ([], [])
+        ready = self.runtime.wait(list(asked), num_returns=len(asked), timeout=0) if asked else []
         answers = {}
         for ref in ready:
             try:
-                answers[asked[ref][0]] = ray.get(ref)
-            except ray.exceptions.RayError:  # gone: its run reports that
-                pass
+                answers[asked[ref][0]] = self.runtime.get(ref)
+            except Exception as exc:  # noqa: BLE001 - gone: its run reports that
+                if not self.runtime.failed_remotely(exc):
+                    raise
         found = []
         for learner_id, asked_at in asked.values():
             if learner_id in running:
