@@ -16,7 +16,9 @@ EVAL_SPLITS = ("dev", "test", "test_unseen", "test_unseen_engine")  # the data k
 
 
 class DataConfig(BaseModel):
-    """Args:
+    """The `data` section of an ASR job: its splits, batching and input pipeline.
+
+    Args:
     train, dev, test, test_unseen, test_unseen_engine: a `.jsonl` manifest, a LibriSpeech-layout
         directory or a features directory (`chorus features`: filterbanks computed once) each; all
         but `train` may be left out. `train` may also be audio shards (`chorus shards`) at a folder
@@ -77,7 +79,9 @@ class DataConfig(BaseModel):
 
 
 class FeatureConfig(BaseModel):
-    """Args:
+    """The `features` section: the filterbanks, where they are computed, and the augmentation.
+
+    Args:
     num_mel_bins: filterbank channels.
     freq_mask: widest frequency mask (bins) of SpecAugment; 0 turns it off.
     time_mask: widest time mask (frames) of SpecAugment; 0 turns it off.
@@ -160,7 +164,9 @@ class AugmentConfig(BaseModel):
 
 
 class TokenizerConfig(BaseModel):
-    """Args:
+    """The `tokenizer` section: characters or BPE units.
+
+    Args:
     kind: `char` (letters, apostrophe and space) or `bpe` (SentencePiece byte-pair encoding,
         trained from the training transcripts when the job starts and saved with its checkpoints).
     vocab: the BPE vocabulary's size at most (a corpus with fewer distinct pieces gets fewer);
@@ -173,7 +179,9 @@ class TokenizerConfig(BaseModel):
 
 
 class ModelConfig(BaseModel):
-    """Args:
+    """The `model` section: the acoustic model's kind and size.
+
+    Args:
     kind: `bilstm_ctc` or `conformer_ctc`.
     subsample_channels: channels of the two stride-2 convolutions.
     d_model: width after subsampling (the LSTM input, or the Conformer's model width).
@@ -202,7 +210,9 @@ class ModelConfig(BaseModel):
 
 
 class OptimConfig(BaseModel):
-    """Args:
+    """The `optim` section: optimizer, learning-rate schedule, precision and rollbacks.
+
+    Args:
     lr: peak learning rate of AdamW.
     weight_decay: AdamW's decoupled weight decay.
     warmup_steps: linear warm-up from 0 to `lr` over this many optimizer steps.
@@ -302,7 +312,9 @@ class WorkloadConfig(BaseModel):
 
 
 class LinearData(BaseModel):
-    """Args:
+    """The `data` section of the `linear` workload: random samples.
+
+    Args:
     samples: training samples (eval splits have a quarter as many each).
     features: input dimensions.
     classes: output classes.
@@ -326,7 +338,9 @@ class LinearData(BaseModel):
 
 
 class LinearModel(BaseModel):
-    """Args:
+    """The `model` section of the `linear` workload.
+
+    Args:
     hidden_layers: square `features` x `features` layers (each followed by a ReLU) before the
         output layer; 0 is softmax regression. Deeper models give benchmarks gradients that
         arrive layer by layer (bench/transport.py's overlapped allreduce).
@@ -337,7 +351,9 @@ class LinearModel(BaseModel):
 
 
 class LinearOptim(BaseModel):
-    """Args:
+    """The `optim` section of the `linear` workload.
+
+    Args:
     lr: SGD's learning rate.
     max_rollbacks: rollbacks of a non-finite loss before the job gives up.
     """

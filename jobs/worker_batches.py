@@ -67,7 +67,9 @@ def default_workers() -> int:
 
 
 class WorkerBatches:
-    """Args:
+    """A shard's batches made by worker processes, handed out in order.
+
+    Args:
     corpus: the training `Corpus` (its copy in each worker prepares batches).
     workers: worker processes (>= 1).
     depth: batches prepared ahead per worker (DataLoader's `prefetch_factor`).

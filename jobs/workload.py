@@ -42,11 +42,9 @@ from jobs.worker_batches import WorkerBatches, default_workers
 WARPS_NEED_AUDIO = "decoding.warps reads each utterance's audio through warped filterbanks"
 WARPS_ADVICE = "set decoding.warps to null (chorus eval: --no-warps) or name the audio's manifest"
 ONEDNN_PRIMITIVES = "32"  # oneDNN's CPU kernels (LSTM, convolutions) the process keeps, one per input shape:
-# its default of 1,024 keeps ~1 MB each, and every batch here has a new (utterances, frames) shape, so a
-# learner grew through its first epoch (bench/data_pipeline.py, 20,000 utterances: 1,262 MB at its end
-# against 968 MB with 32, and +141 MB after it against +18). A batch whose shape was seen before runs
-# ~7% slower when its kernel was dropped. Read by oneDNN when it first runs a kernel; a user's own
-# ONEDNN_PRIMITIVE_CACHE_CAPACITY wins.
+# every batch has a new (utterances, frames) shape, and its default of 1,024 grew a learner through its
+# first epoch (figures: bench/README.md, "Figures behind constants"). Read by oneDNN when it first runs a
+# kernel; a user's own ONEDNN_PRIMITIVE_CACHE_CAPACITY wins.
 
 
 class Corpus:

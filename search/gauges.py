@@ -14,7 +14,9 @@ from orchestrator.driver.metrics import SweepMetrics
 
 
 class SweepGauges(Callback):
-    """Args: sweep (its name), metric, mode ("min" or "max"), every_s (the least time between updates)."""
+    """The sweep's gauges in Prometheus: trials by state and the best result so far.
+
+    Args: sweep (its name), metric, mode ("min" or "max"), every_s (the least time between updates)."""
 
     def __init__(self, sweep: str, metric: str, mode: str, every_s: float = 1.0):
         self.sweep, self.metric, self.mode, self.every_s = sweep, metric, mode, every_s

@@ -27,7 +27,9 @@ METRICS = {"dev_wer": "min", "dev_loss": "min", "train_loss": "min"}  # what eve
 
 
 class SweepBudget(BaseModel):
-    """Args:
+    """The sweep's `budget` section: what a trial's budget counts, and its rungs.
+
+    Args:
     unit: what a trial's budget counts (epochs: one report to Tune per epoch).
     max: the most a trial trains (the top rung); every trial's learning-rate schedule spans it.
     min: ASHA's grace period (Hyperband and BOHB start their smallest rung at max / eta^k).

@@ -67,6 +67,13 @@ def test_the_orchestrator_reaches_jobs_only_through_the_workload_registry():
     assert registry and all(h.startswith("orchestrator/workload.py") for h in registry), registry
 
 
+def test_every_class_docstring_begins_with_what_the_class_is():
+    found = [f"{path.relative_to(ROOT)}:{node.lineno} {node.name}" for path in _sources(*PACKAGES)
+             for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.ClassDef)
+             and (ast.get_docstring(node) or "").lstrip().startswith("Args")]
+    assert found == [], f"a class docstring that begins with Args: and no summary line: {found}"
+
+
 def test_every_module_says_what_it_owns():
     missing = [str(p.relative_to(ROOT)) for p in _sources(*PACKAGES)
                if p.name != "__init__.py" and ast.get_docstring(ast.parse(p.read_text())) is None]

@@ -33,7 +33,9 @@ class RunDirError(RuntimeError):
 
 
 class RunDir:
-    """Args: path (the run's output folder; made when missing)."""
+    """A run folder held by one live run at a time (its lock file).
+
+    Args: path (the run's output folder; made when missing)."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)

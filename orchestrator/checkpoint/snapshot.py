@@ -35,7 +35,9 @@ MAX_RETRIES = 10  # more in a row is not learners dying (the job's service is go
 
 
 class Snapshot:
-    """Args:
+    """One evaluation and checkpoint of the running job, in flight while the learners train on.
+
+    Args:
     job: the `TrainingJob` (roster, group, runtime, elastic.service, store, workload_args).
     train_loss: the mean training loss since the last evaluation; start: time.time() the training began.
     """

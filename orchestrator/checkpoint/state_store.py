@@ -42,7 +42,9 @@ def model_file(step: int) -> str:
 
 
 class StateStore:
-    """Args: root (a folder, or a URI)."""
+    """The checkpoint files that learners and the evaluator write and read themselves.
+
+    Args: root (a folder, or a URI)."""
 
     def __init__(self, root: str | Path):
         self.root = str(root)

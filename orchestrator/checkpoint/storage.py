@@ -33,7 +33,9 @@ def is_uri(out: str | Path) -> bool:
 
 
 class RunStorage:
-    """Args: out (a folder, or a URI), staging (the local folder a URI run works in; default: a
+    """A run's outputs: a local folder, or a URI mirrored from a local staging folder.
+
+    Args: out (a folder, or a URI), staging (the local folder a URI run works in; default: a
     fresh temporary one)."""
 
     def __init__(self, out: str | Path, staging: Path | None = None):

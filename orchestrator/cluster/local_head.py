@@ -41,7 +41,9 @@ def free_ports(count: int) -> list[int]:
 
 
 class HeadNode:
-    """Args: cpus, token (turn token authentication on, with a fresh token in `token_file`),
+    """A real Ray head node of its own (temp dir, ports), stopped by PID.
+
+    Args: cpus, token (turn token authentication on, with a fresh token in `token_file`),
     autoscaling (a cluster config's `available_node_types`, `head_node_type` and limits: the head
     then runs Ray's autoscaler with its `fake_multinode` provider, which launches and terminates
     real raylets on this machine as the cluster's demand asks; see `fake_cluster_config`),

@@ -31,7 +31,9 @@ class SpecError(ValueError):
 
 
 class BudgetConfig(BaseModel):
-    """Args:
+    """The `budget` section: how long the job trains and how often it evaluates.
+
+    Args:
     epochs: passes over the training data (the job stops at whichever limit comes first).
     wall_seconds: wall-clock limit of the training loop.
     eval_every_epochs: evaluate on `dev` after every this many epochs.
@@ -52,7 +54,9 @@ class BudgetConfig(BaseModel):
 
 
 class GroupConfig(BaseModel):
-    """Args:
+    """The `group` section: how the learners keep their models in agreement.
+
+    Args:
     kind: how learners keep their models in agreement: `allreduce`, `gossip` or `hierarchical`.
     balance: adapt to learners of different speeds (measured samples/s): `allreduce` sizes each
         learner's shard and batches in proportion to its speed (the global batch stays the same),

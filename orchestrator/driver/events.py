@@ -19,7 +19,9 @@ KINDS = ("join", "leave", "failure", "drain", "rebalance", "waiting", "rollback"
 
 
 class EventLog:
-    """Args: path (the run's events.jsonl, appended to), metrics (a JobMetrics), started_at (the
+    """The job's events: a JSON line each, a console line and a counter.
+
+    Args: path (the run's events.jsonl, appended to), metrics (a JobMetrics), started_at (the
     job's time.time() at start, for each event's `wall_s`)."""
 
     def __init__(self, path: Path, metrics, started_at: float):

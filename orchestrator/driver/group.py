@@ -23,7 +23,9 @@ SAME_FAILURE_FORMS = 2  # forms in a row in which every member's join failed the
 
 
 class Group:
-    """Args:
+    """The learner group over the roster's live learners: formed, re-formed and rebalanced.
+
+    Args:
     job_id, spec: the job; runtime: where learners run; roster: the job's learners.
     elastic: drops learners that die while the group forms; events: the job's EventLog.
     """

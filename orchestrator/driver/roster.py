@@ -50,7 +50,9 @@ class Arrival:
 
 
 class Roster:
-    """Args:
+    """The books of who is in the job: live and arriving learners, order, changes.
+
+    Args:
     events: the job's EventLog; metrics: its JobMetrics.
     """
 

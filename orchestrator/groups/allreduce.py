@@ -35,7 +35,9 @@ from orchestrator.groups.overlap import GradientBuckets
 
 
 class AllreduceMember:
-    """Args:
+    """One learner's part of a synchronous allreduce group.
+
+    Args:
     rank, world_size: this learner's place in the process group.
     address: `host:port` of rank 0's rendezvous.
     backend: `gloo` or `nccl`.

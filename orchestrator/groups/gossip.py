@@ -33,7 +33,9 @@ def ring_partners(position: int, ring_size: int) -> list[int]:
 
 
 class GossipMember:
-    """Args:
+    """One learner's place on an AD-PSGD gossip ring.
+
+    Args:
     position: this learner's place on the ring.
     partners: actor handles of its passive neighbours (empty for passive learners).
     seed: for the choice of partner.

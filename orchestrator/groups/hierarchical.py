@@ -32,7 +32,9 @@ from orchestrator.groups.gossip import GossipMember
 
 
 class HierarchicalMember:
-    """Args:
+    """One learner's part of a hierarchical group: allreduce in its node, gossip between nodes.
+
+    Args:
     node_rank, node_size: this learner's place in its node's group (rank 0 leads).
     node_address: `host:port` of the node leader's rendezvous.
     leader: the leaders' gossip member (for node_rank 0; None otherwise).

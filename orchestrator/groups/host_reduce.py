@@ -32,7 +32,9 @@ from orchestrator.groups.errors import GroupBroken
 
 
 class HostReduce:
-    """Args:
+    """The gradient sum taken host by host: inside each host, then between hosts.
+
+    Args:
     rank: this member's rank in the job's process group.
     hosts: every host's ranks, the leader (the lowest) first; the same list on every member.
     compression: how leaders send their hosts' sums (`none`, `bf16`, `int8`).

@@ -2,7 +2,7 @@
 passive) pair, opened on the pair's first exchange and kept while the pair stays partners.
 
 One exchange: the active sends a header, then both sides send their weights to each other at the
-same time. With `group.compression: none` each sends a snapshot of its float32 weights and each
+same time. With `group.compression: none` each sends a copy of its float32 weights and each
 side computes the mean as `lerp(active's, passive's, 0.5)` from the same two tensors in the same
 order, so both get the same bits. With `bf16` or `int8` each sends the compressed difference
 between its weights and its *public copy* (what the other side knows of them), both sides add it
@@ -19,7 +19,7 @@ longer than a step's computation); on a slower link it steps on and settles the 
 later step, when its bytes have arrived (the mean's change is added to the weights it has by then:
 no step of its own is lost). A link with an exchange in flight takes no second one; the active
 mixes with its other partner meanwhile. The passive holds its weight lock only to take its
-snapshot and to settle, never while bytes travel; its own steps go on meanwhile.
+copy and to settle, never while bytes travel; its own steps go on meanwhile.
 
 Opening a link is the only Ray call: the active asks the passive (`open_link`) to start its side
 in a thread, then both meet at a rendezvous in a TCP store the active hosts. The passive serves
@@ -91,7 +91,7 @@ class LinkState:
     codec: object
     numel: int
     crosses: bool = True
-    mine: torch.Tensor = None  # none: this side's snapshot; else its public copy
+    mine: torch.Tensor = None  # none: this side's copy; else its public copy
     theirs: torch.Tensor = None  # none: the partner's weights as received; else its public copy
     inbox: torch.Tensor = None  # the partner's payload
     duration_s: float | None = None  # the link's recent exchange time (a moving average), as the active saw it
@@ -107,9 +107,9 @@ class LinkState:
     def outgoing(self, learner) -> tuple[torch.Tensor, int]:
         """This side's payload for an exchange, and the version of the weights it was taken at."""
         if not self.codec.lossy:
-            version = learner.snapshot(self.mine)
+            version = learner.copy_weights_to(self.mine)
             return self.mine.view(torch.uint8), version
-        version = learner.snapshot(self.work)
+        version = learner.copy_weights_to(self.work)
         payload = self.codec.encode(self.work.sub_(self.mine))
         self.codec.decode_add(payload, self.numel, self.mine)
         return payload, version
@@ -369,7 +369,7 @@ class PassiveLinks:
         if self.exit_in_exchange:
             os._exit(1)
         learner = self.learner
-        works = [link.recv([state.inbox], 0, TO_PASSIVE)]  # under way while this side takes its snapshot
+        works = [link.recv([state.inbox], 0, TO_PASSIVE)]  # under way while this side takes its copy
         payload, version = state.outgoing(learner)
         works.append(link.send([payload], 0, TO_ACTIVE))
         if state.crosses:

@@ -30,7 +30,9 @@ BUCKET_BYTES = {"gloo": 4 * 2**20, "nccl": 25 * 2**20}
 
 
 class GradientBuckets:
-    """Args:
+    """The allreduce's gradient buckets, started while backward runs.
+
+    Args:
     params: the learner's trainable parameters, whose gradients are views of `grads` in order.
     grads: the learner's flat gradient buffer (its tail slots are not bucketed).
     bucket_bytes: the most bytes of gradients per bucket (a larger parameter gets its own).

@@ -23,7 +23,9 @@ REBALANCE_CHANGE = 0.1  # rebalance when a learner's share would move by more th
 
 
 class GroupStrategy:
-    """Args:
+    """What the driver does with a group of one (the base of every kind's strategy).
+
+    Args:
     spec: the job spec (`group.balance`, `seed`).
     runtime: where learners run (`orchestrator/cluster/runtime.py`).
     """

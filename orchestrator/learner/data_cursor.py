@@ -16,7 +16,9 @@ from orchestrator.learner.calls import call
 
 
 class DataCursor:
-    """Args:
+    """A learner's place in its data: its epoch, the part it reads and its position there.
+
+    Args:
     workload: the learner's workload (`batches(rank, world_size, epoch, start, weights)`).
     planner: the job's `ShardPlanner` (or its actor).
     learner_id: the learner's id in its job.

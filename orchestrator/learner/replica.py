@@ -34,7 +34,7 @@ class ReplicaWeights:
         with self.lock:
             return self.flat.clone() if on_device or self.device.type == "cpu" else self.flat.cpu()
 
-    def snapshot(self, out: torch.Tensor) -> int:
+    def copy_weights_to(self, out: torch.Tensor) -> int:
         """Copy the trainable weights into the flat CPU tensor `out` (`numel` long); returns their
         `version` (which every change of the weights increments)."""
         with self.lock:
@@ -42,9 +42,9 @@ class ReplicaWeights:
             return self.version
 
     def settle_mean(self, active: torch.Tensor, passive: torch.Tensor, mine: torch.Tensor, version: int) -> None:
-        """After a pairwise exchange in which this learner sent `mine`, its snapshot at `version`:
+        """After a pairwise exchange in which this learner sent `mine`, its copy at `version` (`copy_weights_to`):
         its weights become the mean of the active partner's and the passive's (`assign_mean`). If
-        they changed since the snapshot (its own step, a handover), the mean's change is added to
+        they changed since the copy (its own step, a handover), the mean's change is added to
         them instead, so that change is not lost."""
         with self.lock:
             if self.version == version:
@@ -108,7 +108,9 @@ class ReplicaWeights:
 
 
 class Learner(ReplicaWeights):
-    """Args:
+    """One model replica: its model, optimizer, data cursor and counters, stepped by its group.
+
+    Args:
     workload: the registered workload's name (`orchestrator.workload`).
     workload_config: the workload's sections of the job spec (a dict, as sent over Ray).
     seed: the job's seed (every learner starts from the same initial weights).

@@ -55,14 +55,14 @@ class LearnerService(SimulatedFaults):
         return {"node": self.node_id(), "pid": os.getpid(), "ready_at": time.time(), "device": str(self.learner.device),
                 "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"), **self.learner.counters()}
 
-    def join(self, group_state) -> None:
+    def join(self, member) -> None:
         """Attach this learner to its group (a groups.* member object, built by the driver),
         leaving the group it was in."""
         if self._exit_in_join:  # a simulated death while the group forms (tests and bench/faults.py only)
             os._exit(1)
         if self.group is not None:
             self.group.close()
-        self.group = group_state
+        self.group = member
         self.group.setup(self.learner)
 
     @ray.method(concurrency_group="mix")
@@ -83,10 +83,10 @@ class LearnerService(SimulatedFaults):
         self.learner.leaving = self.learner.leaving or reason
 
     @ray.method(concurrency_group="mix")
-    def regroup(self, group_state) -> None:
+    def regroup(self, member) -> None:
         """Swap in a new member of a group whose `setup` is a no-op (gossip) while `run` goes on:
         the next step uses it."""
-        self.group = group_state
+        self.group = member
 
     def set_slowdown(self, factor: float) -> None:
         self.learner._slowdown = float(factor)

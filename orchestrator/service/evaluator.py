@@ -20,7 +20,9 @@ from orchestrator.workload import build_workload
 
 
 class Evaluator:
-    """Args: workload (registered name), workload_config (its sections of the spec), seed, use_gpu
+    """Scores the group's averaged model and writes it as the checkpoint's model.
+
+    Args: workload (registered name), workload_config (its sections of the spec), seed, use_gpu
     (evaluate on the GPU this process sees, if any; else on the CPU)."""
 
     def __init__(self, workload: str, workload_config: dict, seed: int, use_gpu: bool = False):

@@ -87,7 +87,9 @@ class Host:
 
 
 class Hosts:
-    """Args:
+    """Hosts with their own addresses and shaped links on one machine, each a Ray node.
+
+    Args:
     count: how many hosts.
     cpus: CPUs each host's Ray node offers.
     resources: custom resources each host's Ray node offers besides (e.g. `{"learner_slot": 2}`).

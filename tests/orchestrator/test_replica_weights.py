@@ -6,7 +6,7 @@ import torch
 
 from orchestrator.learner.replica import Learner
 from orchestrator.service.shards import ShardPlanner
-from tests.conftest import linear_spec
+from tests.builders import linear_spec
 
 
 def _learner(seed: int = 0) -> Learner:
@@ -29,7 +29,7 @@ def test_parameters_are_views_of_the_flat_weights_through_a_training_step():
 def test_an_unchanged_replica_settles_on_the_exact_mean_of_both_partners():
     active, passive = _learner(0), _learner(1)
     a, p = torch.empty(active.numel), torch.empty(passive.numel)
-    va, vp = active.snapshot(a), passive.snapshot(p)
+    va, vp = active.copy_weights_to(a), passive.copy_weights_to(p)
     active.settle_mean(a, p, a, va)
     passive.settle_mean(a, p, p, vp)
     assert torch.equal(active.flat, passive.flat)  # the same bits on both sides
@@ -40,10 +40,10 @@ def test_an_unchanged_replica_settles_on_the_exact_mean_of_both_partners():
 def test_a_step_taken_during_the_exchange_is_kept_on_top_of_the_mean():
     active, passive = _learner(0), _learner(1)
     a, p = torch.empty(active.numel), torch.empty(passive.numel)
-    active.snapshot(a)
-    vp = passive.snapshot(p)
+    active.copy_weights_to(a)
+    vp = passive.copy_weights_to(p)
     loss = passive.forward_backward(passive.next_batch())
-    passive.apply_step(loss, 16)  # the passive's own step, while its snapshot is on the wire
+    passive.apply_step(loss, 16)  # the passive's own step, while its copy is on the wire
     stepped = passive.flat.clone()
     passive.settle_mean(a, p, p, vp)
     assert not torch.equal(stepped, p)
