@@ -21,7 +21,7 @@ from orchestrator.testing.hosts import Hosts, unavailable
 from orchestrator.testing.netns import remnants
 from tests.builders import make_spec, run_cli
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 WHY = unavailable()
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("hosts"),  # one worker: they share the module's hosts
               pytest.mark.skipif(WHY is not None, reason=f"no hosts on this machine: {WHY}")]

@@ -17,7 +17,7 @@ import pytest
 
 from orchestrator.cluster.local_head import BIN, free_port
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 KEYS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1",
         "AWS_DEFAULT_REGION": "us-east-1"}
 pytestmark = pytest.mark.xdist_group("s3")  # one worker runs them all: they share the module's S3 server

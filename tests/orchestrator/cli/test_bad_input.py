@@ -19,7 +19,7 @@ from jobs.workload import AsrWorkload
 from orchestrator.driver.job import TrainingJob
 from tests.builders import make_spec, run_cli
 
-ROOT = Path(__file__).parents[2]
+ROOT = Path(__file__).parents[3]
 TINY = ROOT / "jobs" / "configs" / "tiny.yaml"
 
 

@@ -1,7 +1,7 @@
 """The Grafana dashboard against the metrics in code, without a cluster: every series a panel
 reads is one Chorus exports, every metric is on some panel, and the dashboard follows Ray's
 conventions (a Prometheus datasource variable, a SessionName filter, a job filter) in every query.
-(That every query returns data from a real Prometheus is tests/orchestrator/test_cluster.py's.)"""
+(That every query returns data from a real Prometheus is tests/orchestrator/cluster/test_cluster.py's.)"""
 
 from __future__ import annotations
 

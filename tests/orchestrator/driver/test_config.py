@@ -9,7 +9,7 @@ from orchestrator.workload import workload_class
 
 pytestmark = pytest.mark.unit
 
-TINY = Path(__file__).parents[2] / "jobs" / "configs" / "tiny.yaml"
+TINY = Path(__file__).parents[3] / "jobs" / "configs" / "tiny.yaml"
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ import yaml
 
 pytestmark = pytest.mark.unit
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CRD = ROOT / "deploy" / "kuberay" / "crd" / "ray.io_rayjobs-v1.7.0.yaml.gz"
 MANIFEST = ROOT / "deploy" / "kuberay" / "rayjob.yaml"
 

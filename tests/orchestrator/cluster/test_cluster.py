@@ -19,7 +19,7 @@ from orchestrator.cli.dashboards import DASHBOARD, panel_queries
 from orchestrator.cluster.local_head import BIN, HeadNode, free_port
 from tests.builders import linear_spec, run_cli
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 pytestmark = pytest.mark.xdist_group("ray-head")  # one worker runs them all: they share the module's head
 SMALL_MODEL = ["model.subsample_channels=8", "model.d_model=32", "model.hidden=32", "model.layers=1"]
 

@@ -25,7 +25,7 @@ from orchestrator.cluster.local_head import HeadNode
 from orchestrator.driver.job import TrainingJob
 from tests.builders import linear_spec, run_in_thread, stop_job
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 IDLE_TIMEOUT_S = 15.0  # the test clusters' idle timeout (cluster.yaml's is 10 minutes)
 HEARTBEAT_TIMEOUT_S = 5  # a worker node not heard from this long is terminated and replaced
 
