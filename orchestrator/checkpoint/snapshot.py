@@ -134,6 +134,7 @@ class Snapshots:
         self.due: tuple[float, float] | None = None  # (train_loss, start) of one due while `current` runs
         self.retries = 0  # snapshots in a row that a dying learner spoiled
         self.driver_bytes: list[int] = []  # what the driver received for each finished snapshot
+        self.newest: str | None = None  # the newest checkpoint's file name, once one is written
 
     def begin(self, train_loss: float, start: float, wait: bool = False) -> None:
         """Start an evaluation and checkpoint of the live learners. While the one in flight is not
@@ -192,7 +193,7 @@ class Snapshots:
         path = JobCheckpoint.of(job, manifest, wall_s).save(job.out_dir, step, job.keep_checkpoints)
         job.store.prune({int(p.stem.split("-")[1]) for p in numbered(job.out_dir)}, step)
         job.storage.push()
-        job._newest_checkpoint = path.name
+        self.newest = path.name
         return path
 
     def save_start(self) -> None:

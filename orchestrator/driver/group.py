@@ -46,6 +46,11 @@ class Group:
         return self.strategy.lockstep
 
     @property
+    def swaps_running(self) -> bool:
+        """A change is swapped in while learners run (gossip), not re-formed between chunks."""
+        return self.strategy.swaps_running
+
+    @property
     def node_groups(self) -> list[list[int]]:
         return self.strategy.node_groups
 

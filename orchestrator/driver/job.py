@@ -82,7 +82,6 @@ class TrainingJob:
         self.events: EventLog | None = None
         self._stop, self._interrupted = threading.Event(), threading.Event()
         self.first_step_at: float | None = None
-        self._newest_checkpoint: str | None = None  # its file name, once one is written
 
     def _emit(self, *args, **fields) -> None:
         self.events.emit(*args, **fields)  # the event log is made once the run starts (`_assemble`)
@@ -219,8 +218,9 @@ class TrainingJob:
 
     def checkpoint_location(self) -> str:
         """Where the run's newest checkpoint is kept (`job_checkpoint.location`)."""
-        self._newest_checkpoint = location_of_newest(self.storage, self.out_dir, self._newest_checkpoint)
-        return self.storage.locate(self._newest_checkpoint) if self.storage.uri else str(self.out_dir / LATEST)
+        # kept, for when the staging folder it was looked up in is gone
+        self.snapshots.newest = location_of_newest(self.storage, self.out_dir, self.snapshots.newest)
+        return self.storage.locate(self.snapshots.newest) if self.storage.uri else str(self.out_dir / LATEST)
 
     def on_every_learner(self, call: Callable, slots: list | None = None) -> dict[int, object]:
         """`call(slot)` (a remote call) on every live learner (or on `slots`): their answers by id;

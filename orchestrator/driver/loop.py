@@ -108,7 +108,7 @@ class TrainLoop:
             self.drain()
             elastic.wait_for_min()
         if job.recovery.opened(job.roster.take_changes()):
-            if job.group.strategy.swaps_running:  # gossip swaps its ring in at once
+            if job.group.swaps_running:  # gossip swaps its ring in at once
                 job.group.form()
                 job.recovery.regrouped()
             else:
