@@ -81,6 +81,15 @@ class WorkerBatches:
                                   collate_fn=_as_is, persistent_workers=True, prefetch_factor=max(1, depth),
                                   worker_init_fn=_one_thread, pin_memory=torch.cuda.is_available())
 
+    def close(self) -> None:
+        """Stop the worker processes now. Left to the garbage collector, the loader's persistent
+        workers are joined whenever it runs, by whatever code is running then (in a test suite a
+        later test waited 10-30 s in a model's constructor for them)."""
+        iterator = getattr(self._loader, "_iterator", None)
+        if iterator is not None:
+            iterator._shutdown_workers()
+            self._loader._iterator = None
+
     def prepared(self, plan: list[list[int]], start: int, epoch: int) -> Iterator[tuple[int, object]]:
         """(position, batch or None) for positions `start`.. of `plan` in `epoch`, in order."""
         self._iteration += 1

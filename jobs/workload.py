@@ -83,6 +83,12 @@ class Corpus:
             self._workers = WorkerBatches(self, workers, depth)
         return self._workers
 
+    def close(self) -> None:
+        """Stop its worker processes, if it started any (`in_workers`)."""
+        if self._workers is not None:
+            self._workers.close()
+            self._workers = None
+
     def unreadable(self) -> set[int]:
         """The utterances found unreadable so far (a copy)."""
         return set(self._bad)

@@ -3,6 +3,7 @@ and augmentation draws as the learner's own process prepares, a resumed position
 left midway for another (a resize) as on the thread path, and unreadable files counted in the
 learner's corpus, not lost in a worker."""
 
+import multiprocessing
 import shutil
 
 import pytest
@@ -15,9 +16,20 @@ from jobs.workload import AsrWorkload
 AUGMENT = {"speed_factors": [0.9, 1.0, 1.1], "noise_prob": 0.5, "reverb_prob": 0.5, "vtlp_warp": [0.9, 1.1]}
 
 
-def _workload(train, **data) -> AsrWorkload:
-    config = WorkloadConfig(data={"train": train, "max_batch_seconds": 10, **data}, augment=AUGMENT)
-    return AsrWorkload(config, seed=0)
+@pytest.fixture
+def workload():
+    """Workloads made by `workload(train, **data)`, their worker processes stopped when the test
+    ends (not whenever the garbage collector gets to them, in another test)."""
+    made = []
+
+    def make(train, **data) -> AsrWorkload:
+        config = WorkloadConfig(data={"train": train, "max_batch_seconds": 10, **data}, augment=AUGMENT)
+        made.append(AsrWorkload(config, seed=0))
+        return made[-1]
+    yield make
+    for each in made:
+        each.train.close()
+    assert multiprocessing.active_children() == []  # every worker process joined
 
 
 def _same(got, expected) -> None:
@@ -28,9 +40,9 @@ def _same(got, expected) -> None:
 
 
 @pytest.mark.unit
-def test_worker_processes_prepare_the_batches_the_learners_own_process_would(corpus):
-    reference = _workload(corpus / "train.jsonl", prefetch_batches=0)
-    parallel = _workload(corpus / "train.jsonl", workers=2)
+def test_worker_processes_prepare_the_batches_the_learners_own_process_would(corpus, workload):
+    reference = workload(corpus / "train.jsonl", prefetch_batches=0)
+    parallel = workload(corpus / "train.jsonl", workers=2)
     for epoch in range(2):
         expected = list(reference.batches(0, 2, epoch))
         shard = parallel.batches(0, 2, epoch)
@@ -41,9 +53,9 @@ def test_worker_processes_prepare_the_batches_the_learners_own_process_would(cor
 
 
 @pytest.mark.unit
-def test_a_shard_left_midway_for_another_hands_over_none_of_the_first(corpus):
-    reference = _workload(corpus / "train.jsonl", prefetch_batches=0)
-    parallel = _workload(corpus / "train.jsonl", workers=2, prefetch_batches=3)
+def test_a_shard_left_midway_for_another_hands_over_none_of_the_first(corpus, workload):
+    reference = workload(corpus / "train.jsonl", prefetch_batches=0)
+    parallel = workload(corpus / "train.jsonl", workers=2, prefetch_batches=3)
     first = iter(parallel.batches(0, 2, 0))
     next(first)  # the workers have prepared batches of this shard ahead
     resized = iter(parallel.batches(1, 3, 0))  # the group grew: another shard of the same epoch
@@ -54,10 +66,10 @@ def test_a_shard_left_midway_for_another_hands_over_none_of_the_first(corpus):
 
 
 @pytest.mark.unit
-def test_a_file_a_worker_cannot_read_is_counted_in_the_learners_corpus(corpus, tmp_path):
+def test_a_file_a_worker_cannot_read_is_counted_in_the_learners_corpus(corpus, tmp_path, workload):
     copy = tmp_path / "corpus"
     shutil.copytree(corpus, copy)
-    parallel = _workload(copy / "train.jsonl", workers=2)
+    parallel = workload(copy / "train.jsonl", workers=2)
     gone = parallel.train.utterances[0]
     assert copy in gone.path.resolve().parents  # the copy's file, never the session corpus's
     gone.path.unlink()  # lost after indexing, as on a share that drops a file

@@ -46,8 +46,10 @@ def _samples(space: Space, n: int = 3000) -> dict[str, list[dict]]:
     out = {"configspace": [space.active(dict(c)) for c in cs.sample_configuration(n)],
            "hyperopt": [space.active(stochastic.sample(hyperopt_space, rng=rng)) for _ in range(n)],
            "tune": []}
+    tune_rng = np.random.default_rng(1)  # seeded as the others: unseeded, Tune draws from the process's global state
     for _ in range(n):
-        out["tune"].append(space.active({k: d.sample() if isinstance(d, Domain) else d for k, d in tune_space.items()}))
+        out["tune"].append(space.active({k: d.sample(random_state=tune_rng) if isinstance(d, Domain) else d
+                                         for k, d in tune_space.items()}))
     return out
 
 

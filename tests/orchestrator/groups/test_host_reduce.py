@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-pytestmark = pytest.mark.unit  # no Ray: gloo groups in spawned processes, each test ~6 s
+pytestmark = pytest.mark.unit  # no Ray: gloo groups in processes forked from a server that imported torch once
 
 HOSTS = [[0, 2], [1]]  # three members on two "hosts": the lone member of host 1 leads it
 TIMEOUT_S = 60.0  # each collective's bound: a member left waiting would fail only after this
@@ -48,7 +48,8 @@ def _run(world: int, hosts, compression: str = "none", dies: int | None = None) 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")  # a clean process (no threads, no gloo of this one's), torch imported once
+    ctx.set_forkserver_preload(["torch", "orchestrator.groups.host_reduce", "orchestrator.groups.allreduce"])
     answers = ctx.Queue()
     members = [ctx.Process(target=_member, args=(r, world, hosts, port, compression, dies, answers), daemon=True)
                for r in range(world)]
