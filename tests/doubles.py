@@ -11,16 +11,27 @@ from __future__ import annotations
 
 import itertools
 import os
+import time
 from collections.abc import Callable
 
 import torch
 
+from orchestrator.checkpoint.state_store import StateStore
 from orchestrator.cluster.capacity import BundlePool
 from orchestrator.cluster.runtime import RayRuntime
 
 
 class Gone(RuntimeError):
     """A fake learner's actor died (what Ray's RayActorError says of a real one)."""
+
+
+class TaskError(RuntimeError):
+    """What a fake learner's method raised, wrapped as Ray wraps it (RayTaskError): `cause` is
+    the learner's own error."""
+
+    def __init__(self, cause: Exception):
+        super().__init__(f"{type(cause).__name__}: {cause}")
+        self.cause = cause
 
 
 class Ref:
@@ -39,8 +50,8 @@ class Ref:
 class Clock:
     """time.time for a test: it moves only when told (`advance`) or when a wait times out."""
 
-    def __init__(self, now: float = 1_000_000.0):
-        self.now = now
+    def __init__(self, now: float | None = None):
+        self.now = time.time() if now is None else now  # where the driver's own time.time() is
 
     def __call__(self) -> float:
         return self.now
@@ -89,8 +100,10 @@ class FakeLearner:
                     return Ref(answer)
                 try:
                     return Ref(answer(*args, **kwargs))
-                except Exception as exc:  # noqa: BLE001 - what the method raised: its ref's error, as Ray's
+                except Gone as exc:  # it died in the call
                     return Ref(error=exc)
+                except Exception as exc:  # noqa: BLE001 - what the method raised: its ref's error, as Ray's
+                    return Ref(error=TaskError(exc))
         return Method
 
     def called(self, method: str) -> list[tuple]:
@@ -164,7 +177,7 @@ class FakeRuntime(RayRuntime):
 
     @staticmethod
     def failed_remotely(exc: Exception) -> bool:
-        return isinstance(exc, Gone)
+        return isinstance(exc, Gone | TaskError)
 
     def kill(self, actors) -> None:
         for actor in actors:
@@ -244,7 +257,8 @@ class SimulatedLearner(FakeLearner):
         return {"file": name, "bytes": store.write(name, {"counters": counters}), "counters": counters}
 
     def _load_state_file(self, store, entry: dict, adopt: bool = False) -> None:
-        self._load_state({"counters": entry["counters"]}, adopt)
+        state = store.read(entry["file"])  # as a learner reads it: from the store the driver sent
+        self._load_state({**state, "counters": entry.get("counters", state["counters"])}, adopt)
 
     def _load_state(self, state: dict, adopt: bool = False) -> None:
         counters = state["counters"]
@@ -272,11 +286,13 @@ class FakeService(FakeLearner):
             score=lambda workload, splits: {split: {"wer": 40.0, "utterances": 10} for split in splits})
 
     @staticmethod
-    def _evaluate(workload, total, count: int, splits: list[str], store=None, model_name: str | None = None) -> dict:
+    def _evaluate(workload, total, count: int, splits: list[str], store_root: str | None = None,
+                  model_name: str | None = None) -> dict:
         if not bool(torch.isfinite(total / count).all()):
             return {"finite": False}
+        written = StateStore(store_root).write(model_name, {"model": total / count})
         return {"finite": True, "scores": {"dev": {"wer": 50.0, "loss": 1.0}},
-                "model": {"file": model_name, "bytes": 0}}
+                "model": {"file": model_name, "bytes": written}}
 
 
 class FakePlacementGroup:

@@ -9,6 +9,7 @@ import math
 
 import pytest
 
+from orchestrator.checkpoint.files import load_latest
 from orchestrator.driver.job import TrainingJob
 from tests.builders import linear_spec
 from tests.doubles import FakeRuntime, Gone, SimulatedLearner, fake_pool
@@ -35,13 +36,15 @@ def test_a_job_runs_to_its_epoch_budget_evaluating_every_epoch(tmp_path, kind):
     assert summary["epochs"] == 3 and summary["learners"] == 4 and summary["group"] == kind
     assert [e["epoch"] for e in job.evals][-1] == 3 and len(job.evals) >= 3
     assert all(learner.epoch == 3 for learner in runtime.started)
-    assert (tmp_path / "run" / "checkpoint.pt").is_file() and summary["checkpoint"].endswith("checkpoint.pt")
+    checkpoint = load_latest(tmp_path / "run").state  # verified: every file it names is there, at its size
+    assert sorted(checkpoint["learner_ids"]) == [0, 1, 2, 3] and checkpoint["job"]["evals"][-1]["epoch"] == 3
     assert _kinds(job).count("join") == 4 and "failure" not in _kinds(job)
     assert runtime.service.called("set_members")  # the planner was told the members
 
 
 def _dies_at(learner: SimulatedLearner, step: int) -> None:
-    """Its process dies as it starts the first chunk at or after `step`."""
+    """Its process dies as it is asked for a chunk at `step` or later (chunks are 8 steps: at 5, it
+    dies as its second chunk, from step 8, begins)."""
     run = learner._run
 
     def dying(*args):
@@ -115,12 +118,12 @@ def test_a_stuck_learner_is_dropped_by_the_watchdog_and_the_job_goes_on(tmp_path
         if learner_id == 0:
             run = learner._run
 
-            def hangs_at_step_6(*args):
-                if learner.step >= 6:  # its step hangs: the run never answers, heartbeats do
-                    learner.computing_since = runtime.clock()
+            def hangs_from_its_third_chunk(*args):
+                if learner.step >= 6:  # this chunk answers; from the next on its step hangs: no run
+                    learner.computing_since = runtime.clock()  # answers, its heartbeats do
                     learner.hang("run")
                 return run(*args)
-            learner.answers["run"] = hangs_at_step_6
+            learner.answers["run"] = hangs_from_its_third_chunk
         return learner
 
     job, runtime = _job(tmp_path, "allreduce", learners=2, epochs=4, make_learner=make)  # stuck after 30 s
