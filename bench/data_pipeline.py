@@ -57,7 +57,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 import yaml  # noqa: E402
-from _common import commit  # noqa: E402
+from harness.results import commit  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from jobs.feature_shards import is_features_folder, write_shards  # noqa: E402

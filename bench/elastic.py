@@ -36,9 +36,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -48,12 +45,16 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import ray  # noqa: E402
-from _common import MIN_REPEATS, sigkill, summary, write_results  # noqa: E402
+from harness import ray_train  # noqa: E402
+from harness.faults import sigkill, train_worker_pids  # noqa: E402
+from harness.results import write_results  # noqa: E402
+from harness.stats import MIN_REPEATS, summary  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from jobs.synth import synthesize  # noqa: E402
 from orchestrator.driver.config import load_spec  # noqa: E402
 from orchestrator.driver.job import TrainingJob  # noqa: E402
+from orchestrator.testing.cluster import start_worker_node, stop_worker_node, wait_until  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -70,37 +71,8 @@ def start_cluster() -> Cluster:
 
 
 def over_events(values) -> dict:
-    """Median, IQR and every event's figure, in seconds (`_common.summary`)."""
+    """Median, IQR and every event's figure, in seconds (`harness.stats.summary`)."""
     return summary(list(values), 3)
-
-
-def start_worker_node(cluster: Cluster) -> subprocess.Popen:
-    """Node B, as `ray start --block` in a child process: `Cluster.add_node` installs signal
-    handlers, which only the main thread may do, and Ray Train's `fit` holds the main thread."""
-    ray_cli = Path(sys.executable).parent / "ray"
-    return subprocess.Popen([str(ray_cli), "start", "--address", cluster.address, "--num-cpus", "1",
-                             "--resources", json.dumps({"learner_slot": 1}), "--block", "--disable-usage-stats"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-
-
-def stop_worker_node(proc: subprocess.Popen) -> None:
-    """Stop that node and every process it started (its own process group), never `ray stop`."""
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-
-
-def wait_until(what: str, condition, timeout: float = 180.0):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        found = condition()
-        if found:
-            return found
-        time.sleep(0.05)
-    raise TimeoutError(f"timed out waiting for {what}")
 
 
 def job_spec(corpus: Path, kind: str):
@@ -135,7 +107,7 @@ def run_chorus(corpus: Path, kind: str, kills: int) -> dict:
 
         before = {e["learner"] for e in joined()}
         added = time.time()
-        node_b.append(start_worker_node(cluster))
+        node_b.append(start_worker_node(cluster.address, 1, {"learner_slot": 1}))
         arrivals.append(arrival(added, before))
         for _ in range(kills):
             before = {e["learner"] for e in joined()}
@@ -165,90 +137,15 @@ def run_chorus(corpus: Path, kind: str, kills: int) -> dict:
         cluster.shutdown()
 
 
-def train_worker_pids() -> list[int]:
-    """Ray Train's worker processes (Ray titles each `ray::<actor class>...`), found through
-    /proc so that no dashboard is needed."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        try:
-            title = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if entry.name.isdigit() and title.startswith(b"ray::") and b"TrainWorker" in title:
-            pids.append(int(entry.name))
-    return sorted(pids)
-
-
-def ray_train_loop(config: dict) -> None:
-    """A Ray Train worker: the same workload under DDP; resumes from the latest checkpoint (Ray
-    Train restarts the whole worker group after a failure or a resize); logs every step."""
-    import tempfile
-    import time
-    from pathlib import Path
-
-    import ray.train
-    import ray.train.torch
-    import torch
-
-    from jobs.sections import WorkloadConfig
-    from jobs.workload import AsrWorkload
-
-    ctx = ray.train.get_context()
-    rank, world = ctx.get_world_rank(), ctx.get_world_size()
-    torch.set_num_threads(1)
-    workload = AsrWorkload(WorkloadConfig.model_validate(config["workload"]), seed=config["seed"])
-    model = workload.build_model()
-    optimizer = workload.build_optimizer(model)
-    step, epoch = 0, 0
-    checkpoint = ray.train.get_checkpoint()
-    if checkpoint:
-        with checkpoint.as_directory() as path:
-            state = torch.load(Path(path, "checkpoint.pt"), weights_only=True)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        step, epoch = state["step"], state["epoch"]
-    model = ray.train.torch.prepare_model(model)
-    log, started = Path(config["log"]), time.time()  # this worker group's start
-    while not Path(config["stop"]).exists():
-        with model.join():
-            for batch in workload.batches(rank, world, epoch):
-                optimizer.zero_grad()
-                workload.loss(model, batch).backward()
-                workload.optimizer_step(model, optimizer, step, 0.0)
-                step += 1
-                with open(log, "a") as f:
-                    f.write(f"{time.time()} {world} {rank} {started}\n")
-                if step % 10 == 0:  # a checkpoint to resume from every 10 steps
-                    with tempfile.TemporaryDirectory() as tmp:
-                        saved = None
-                        if rank == 0:
-                            torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict(),
-                                        "step": step, "epoch": epoch}, Path(tmp, "checkpoint.pt"))
-                            saved = ray.train.Checkpoint.from_directory(tmp)
-                        ray.train.report({"step": step}, checkpoint=saved)
-                if Path(config["stop"]).exists():
-                    break
-        epoch += 1
-
-
 def run_ray_train(corpus: Path, kills: int) -> dict:
-    from ray.train import FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
-
     cluster = start_cluster()
     log, stop = WORK / "ray_train_steps.log", WORK / "ray_train.stop"
     log.unlink(missing_ok=True)
     stop.unlink(missing_ok=True)
     spec = job_spec(corpus, "allreduce")
-    workload = spec.workload_config.model_dump(mode="json")
-    trainer = TorchTrainer(
-        ray_train_loop, train_loop_config={"workload": workload, "seed": spec.seed, "log": str(log), "stop": str(stop)},
-        scaling_config=ScalingConfig(num_workers=(2, 3), use_gpu=False,
-                                     resources_per_worker={"CPU": 1, "learner_slot": 1},
-                                     elastic_resize_monitor_interval_s=1.0),
-        torch_config=TorchConfig(backend="gloo"),
-        run_config=RunConfig(name=f"elastic-{time.time_ns()}", storage_path=str(WORK / "ray_train"),
-                             failure_config=FailureConfig(max_failures=kills + 2)))
+    plan = ray_train.Plan(workload=spec.workload_config.model_dump(mode="json"), seed=spec.seed, stop_file=str(stop),
+                          lr_over="none", report="steps", resume=True, step_log=str(log))
+
     def steps_after(since: float, world: int | None = None) -> list[float]:
         """Step times logged after `since` by workers of a group started after `since`."""
         if not log.exists():
@@ -267,7 +164,7 @@ def run_ray_train(corpus: Path, kills: int) -> dict:
             wait_until("2 workers stepping", lambda: len(steps_after(0, 2)) >= 32, timeout=300)
             arrivals, failures = [], []
             added = time.time()
-            node_b.append(start_worker_node(cluster))
+            node_b.append(start_worker_node(cluster.address, 1, {"learner_slot": 1}))
             first = min(wait_until("3 workers stepping", lambda: steps_after(added, 3), 300))
             arrivals.append({"since_capacity_s": round(first - added, 3)})
             for _ in range(kills):
@@ -290,7 +187,8 @@ def run_ray_train(corpus: Path, kills: int) -> dict:
     driver = threading.Thread(target=drive, args=(out,), daemon=True)
     driver.start()
     try:
-        trainer.fit()  # in the main thread, as Ray Train expects; returns once `stop` exists
+        ray_train.fit(plan, (2, 3), WORK / "ray_train", "elastic", resources={"CPU": 1, "learner_slot": 1},
+                      max_failures=kills + 2, resize_every_s=1.0)  # in the main thread, as Ray Train expects
     finally:
         driver.join(timeout=60)
         for proc in node_b:

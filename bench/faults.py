@@ -91,7 +91,7 @@ from ray.cluster_utils import Cluster  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import network_faults  # noqa: E402, I001  (bench/ is on the path: this script's folder)
-from _common import commit  # noqa: E402
+from harness.results import commit  # noqa: E402
 
 from jobs.data import DataError, shard_batches  # noqa: E402
 from jobs.synth import synthesize  # noqa: E402
@@ -101,6 +101,7 @@ from orchestrator.checkpoint.files import load as load_checkpoint  # noqa: E402
 from orchestrator.driver.config import parse_spec  # noqa: E402
 from orchestrator.driver.job import TrainingDiverged, TrainingJob  # noqa: E402
 from orchestrator.checkpoint.rundir import RunDirError  # noqa: E402
+from orchestrator.testing.cluster import added_since, holdings, resource_request, take_away  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 WORK = ROOT / "bench" / "work" / "faults"
@@ -159,34 +160,6 @@ class Bench:
     def shutdown(self) -> None:
         ray.shutdown()
         self.cluster.shutdown()
-
-
-def cluster_state() -> dict[str, set]:
-    """Actors (not dead) and placement groups (not removed) on the cluster, by id."""
-    from ray.util import placement_group_table
-
-    return {"actors": {i for i, a in ray._private.state.actors().items() if a["State"] != "DEAD"},
-            "placement groups": {i for i, g in placement_group_table().items() if g["state"] != "REMOVED"}}
-
-
-def autoscaler_request() -> list:
-    from ray.autoscaler._private.constants import AUTOSCALER_RESOURCE_REQUEST_CHANNEL
-    from ray.experimental.internal_kv import _internal_kv_get
-
-    raw = _internal_kv_get(AUTOSCALER_RESOURCE_REQUEST_CHANNEL)
-    return json.loads(raw) if raw else []
-
-
-def remove_leftovers(left: dict[str, set]) -> None:
-    from ray._private.worker import global_worker
-    from ray.util.placement_group import PlacementGroup, remove_placement_group
-
-    for actor_id in left.get("actors", ()):
-        with contextlib.suppress(Exception):
-            global_worker.core_worker.kill_actor(ray.ActorID(bytes.fromhex(actor_id)), True)
-    for pg_id in left.get("placement groups", ()):
-        with contextlib.suppress(Exception):
-            remove_placement_group(PlacementGroup(ray.PlacementGroupID(bytes.fromhex(pg_id))))
 
 
 # -- one row -------------------------------------------------------------------------------------
@@ -262,7 +235,7 @@ class Row:
         self.lowest_after: dict[int, int] = {}
         self.evals_at_fault: list[str] = []
         self.capture = LogCapture(echo)
-        self.before = cluster_state()  # what the row's leftovers are counted against
+        self.before = holdings()  # what the row's leftovers are counted against
         self.notes: list[str] = []  # what happened, in a few words
         self.problems: list[str] = []  # what went wrong (after the notes in `outcome`)
 
@@ -489,8 +462,7 @@ class Row:
             self.running.job.stop()
             self.running.thread.join(timeout=60)
             if self.running.thread.is_alive():  # a job that does not stop: take its learners away
-                now = cluster_state()
-                remove_leftovers({k: now[k] - self.before[k] for k in now})
+                take_away(added_since(self.before))
                 self.running.thread.join(timeout=30)
         for proc in self.procs:
             proc.kill()
@@ -1001,17 +973,16 @@ def run_row(bench: Bench, fault: Fault, group: str, token: str, echo: bool) -> d
         row.record["traceback"] = True
     deadline = time.time() + LEFTOVER_GRACE_S
     while True:
-        now = cluster_state()
-        left = {k: now[k] - before[k] for k in now if now[k] - before[k]}
+        left = added_since(before)
         if not left or time.time() >= deadline:
             break
         time.sleep(0.5)
-    request = autoscaler_request()
+    request = resource_request()
     row.record["leftovers"] = sum(len(v) for v in left.values()) + (1 if request else 0)
     if left or request:
         row.problem(f"left: {({k: len(v) for k, v in left.items()})}" + (f", autoscaler request {request}"
                                                                           if request else ""))
-        remove_leftovers(left)
+        take_away(left)
     bench.restore_nodes()
     row.record["outcome"] = "; ".join(row.notes + row.problems)
     row.record["wall_s"] = round(time.time() - started, 1)

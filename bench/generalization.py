@@ -38,7 +38,8 @@ import matplotlib  # noqa: E402
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import ray  # noqa: E402
-from _common import interleaved, summary, write_results  # noqa: E402
+from harness.results import write_results  # noqa: E402
+from harness.stats import interleaved, summary  # noqa: E402
 
 from jobs.sections import DecodingConfig  # noqa: E402
 from jobs.synth import data_overrides, synthesize  # noqa: E402

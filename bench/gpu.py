@@ -1,6 +1,6 @@
 """Benchmark: the GPU path, on whatever GPUs the machine has (issue 19, part 5).
 
-Four measurements, each median [IQR] over interleaved repeats (`_common`):
+Four measurements, each median [IQR] over interleaved repeats (`harness.stats`):
 
 1. `steps`: one learner's training step (the workload's forward, CTC loss, backward and AdamW
    step, exactly what a Chorus learner runs) on one GPU, for `tiny.yaml`'s model (~1.1M
@@ -57,8 +57,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import ray  # noqa: E402
 import torch  # noqa: E402
-from _common import compare, interleaved, summary, write_results  # noqa: E402
 from gpu_learners import RECIPES, measure  # noqa: E402
+from harness.results import write_results  # noqa: E402
+from harness.stats import compare, interleaved, summary  # noqa: E402
 
 from jobs.synth import synthesize  # noqa: E402
 from orchestrator.cluster.capacity import place_learners, release  # noqa: E402

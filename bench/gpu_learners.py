@@ -1,5 +1,5 @@
 """bench/gpu.py's `learners` part: how busy one GPU is kept, per recipe (tiny.yaml and
-conformer_gpu.yaml), on the same corpus, batch plan and GPU, in interleaved windows (`_common`):
+conformer_gpu.yaml), on the same corpus, batch plan and GPU, in interleaved windows (`harness.stats`):
 
 - `chorus_1`: one Chorus learner (`orchestrator.learner.replica.Learner`, as a one-learner job runs it),
   its batches prepared by `data.workers` processes, their augmentation and filterbanks on the GPU
@@ -297,7 +297,7 @@ class RecipeRun:
         return row["samples_per_s"]
 
     def run(self, repeats: int) -> dict:
-        from _common import compare, interleaved, summary
+        from harness.stats import compare, interleaved, summary
 
         contenders = {"chorus_1": lambda _r: self.chorus([self.one], "chorus_1"),
                       "chorus_2_sharing": lambda _r: self.chorus(self.two, "chorus_2_sharing")}

@@ -11,8 +11,9 @@ audio per learner per step):
 - Chorus `gossip` (ring ordered by measured speed),
 - Chorus `allreduce` with throughput-balanced shards and batches (`group.balance: true`),
 - Chorus `allreduce` with equal shards and batches (`group.balance: false`),
-- Ray Train's `TorchTrainer` (DDP), equal batches, the slow worker slowed the same way (it sleeps
-  (3 - 1) x its compute before its gradients are all-reduced, through a DDP comm hook).
+- Ray Train's `TorchTrainer` (DDP, `harness.ray_train`), equal batches, the slow worker slowed the
+  same way (it sleeps (3 - 1) x its compute before its gradients are all-reduced, through a DDP
+  comm hook).
 
 A learner is slowed by sleeping (3 - 1) x its compute each step (`simulate.slowdown`); while it
 sleeps the others get more of the two cores, as they do in the ideal, which is therefore measured
@@ -26,7 +27,7 @@ steps a learner, interpolated at the window's ends; Ray Train's workers count th
 the steps they finish inside it. Chorus jobs and Ray Train both write a resumable checkpoint after
 every epoch (no dev evaluation: `data.dev` is null); the ideal writes none.
 
-The five run interleaved (`_common.interleaved`, order rotating), `--repeats` times (5), each in a
+The five run interleaved (`harness.stats.interleaved`, order rotating), `--repeats` times (5), each in a
 fresh local Ray instance. A contender's fraction is its median samples/s over the ideal's median;
 the per-repeat fractions (over the ideal of the same repeat) give its IQR. Targets: gossip >= 0.85,
 balanced allreduce >= 0.80, each >= 2x Ray Train's fraction.
@@ -51,7 +52,9 @@ import matplotlib  # noqa: E402
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import ray  # noqa: E402
-from _common import interleaved, summary, write_results  # noqa: E402
+from harness import ray_train  # noqa: E402
+from harness.results import write_results  # noqa: E402
+from harness.stats import interleaved, summary  # noqa: E402
 
 from jobs.synth import synthesize  # noqa: E402
 from orchestrator.cluster.capacity import place_learners, release  # noqa: E402
@@ -143,110 +146,14 @@ def run_chorus(corpus: Path, name: str, window: tuple[float, float]) -> dict:
     return {"samples_per_s": window_rate([(started, 0), *job.counts], started, window), "rebalances": rebalances}
 
 
-def ray_train_loop(config: dict) -> None:
-    """One Ray Train worker: the same workload under DDP, equal shards and batches; the slow rank
-    sleeps (factor - 1) x its compute, as a Chorus learner under simulate.slowdown does. Counts the
-    utterances of the steps it finishes inside the window; a checkpoint after every epoch."""
-    import tempfile
-    import time
-    from pathlib import Path
-
-    import ray.train
-    import ray.train.torch
-    import torch
-    import torch.distributed as dist
-
-    from jobs.sections import WorkloadConfig
-    from jobs.workload import AsrWorkload
-
-    ctx = ray.train.get_context()
-    rank, world = ctx.get_world_rank(), ctx.get_world_size()
-    torch.set_num_threads(1)
-    workload = AsrWorkload(WorkloadConfig.model_validate(config["workload"]), seed=config["seed"])
-    model = ray.train.torch.prepare_model(workload.build_model())
-    optimizer = workload.build_optimizer(model)
-    clock = {"compute": 0.0, "step": 0, "slept": -1, "slept_s": 0.0}
-    if rank == config["slow"]:
-        model.register_comm_hook(clock, _slow_allreduce_hook(config["factor"]))
-    (low, deadline), step, in_window, epoch = config["window"], 0, 0, 0
-    while on_time(deadline):
-        with model.join():  # shards hold different numbers of batches; ranks may stop at the deadline
-            for batch in workload.batches(rank, world, epoch):
-                if time.time() >= deadline:
-                    break
-                began, clock["step"], clock["slept_s"] = time.perf_counter(), step, 0.0
-                optimizer.zero_grad()
-                workload.loss(model, batch).backward()
-                clock["compute"] = time.perf_counter() - began - clock["slept_s"]
-                workload.optimizer_step(model, optimizer, step, min(1.0, epoch / 40))
-                step += 1
-                if low <= time.time() <= deadline:
-                    in_window += batch.size
-        epoch += 1
-        total = torch.tensor([float(in_window)])
-        dist.all_reduce(total)  # so far; the last epoch's report (its deadline passed) has them all
-        with tempfile.TemporaryDirectory() as tmp:
-            checkpoint = None
-            if rank == 0:
-                torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict()},
-                           Path(tmp, "checkpoint.pt"))
-                checkpoint = ray.train.Checkpoint.from_directory(tmp)
-            ray.train.report({"epoch": epoch, "in_window": int(total.item())}, checkpoint=checkpoint)
-
-
-def on_time(deadline: float) -> bool:
-    """Whether rank 0's clock is before the deadline, the same answer on every rank (each rank's
-    own clock could disagree by the milliseconds between them and leave one in a collective)."""
-    import time
-
-    import torch
-    import torch.distributed as dist
-
-    flag = torch.tensor([float(time.time() < deadline)])
-    dist.broadcast(flag, 0)
-    return bool(flag.item())
-
-
-def _slow_allreduce_hook(factor: float):
-    """A DDP communication hook for the slowed rank: before its first gradient bucket of a step is
-    all-reduced it sleeps (factor - 1) x the compute (forward + backward) of its previous step --
-    the place and length of a Chorus learner's `simulate.slowdown`, which sleeps before its
-    gradients are exchanged. Sleeping after the all-reduce instead would let the other ranks
-    compute during the sleep and the slowed rank compute alone on the shared cores, which a slow
-    GPU does not buy. Not quite the same place: DDP's first bucket (1 MiB: the output layer and
-    the last LSTM layer's smaller weights) is ready before backward ends, so the slowed rank does
-    the rest of its backward after the sleep while the others wait on that bucket, a few percent
-    of a step that the slowed rank computes on emptier cores than a Chorus learner would."""
-    import time
-
-    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-
-    def hook(clock: dict, bucket):
-        if clock["slept"] != clock["step"]:
-            clock["slept"] = clock["step"]
-            pause = clock["compute"] * (factor - 1.0)
-            time.sleep(pause)
-            clock["slept_s"] = pause
-        return allreduce_hook(None, bucket)
-
-    return hook
-
-
 def run_ray_train(corpus: Path, window: tuple[float, float]) -> dict:
-    from ray.train import RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
-
     started = time.time()
     spec = job_spec(corpus, "allreduce", False, window[1], "ray-train")
-    trainer = TorchTrainer(
-        ray_train_loop, train_loop_config={
-            "workload": spec.workload_config.model_dump(mode="json"), "seed": spec.seed, "slow": SLOW,
-            "factor": FACTOR, "window": [started + window[0], started + window[1]]},
-        scaling_config=ScalingConfig(num_workers=LEARNERS, use_gpu=False, resources_per_worker={"CPU": 1}),
-        torch_config=TorchConfig(backend="gloo"),
-        run_config=RunConfig(name=f"heterogeneous-{time.time_ns()}", storage_path=str(WORK / "ray_train")))
-    metrics = trainer.fit().metrics
-    return {"samples_per_s": metrics["in_window"] / (window[1] - window[0]), "epochs": metrics["epoch"]}
+    low, high = started + window[0], started + window[1]
+    plan = ray_train.Plan(workload=spec.workload_config.model_dump(mode="json"), seed=spec.seed, until=high,
+                          lr_epochs=40, slow_rank=SLOW, slow_factor=FACTOR, window=(low, high))
+    metrics, _ = ray_train.fit(plan, LEARNERS, WORK / "ray_train", "heterogeneous")
+    return {"samples_per_s": metrics["in_window"] / (window[1] - window[0]), "epochs": metrics["epochs"]}
 
 
 def run_fresh(name: str, corpus: Path, window: tuple[float, float], details: dict) -> float:

@@ -31,7 +31,7 @@ import matplotlib  # noqa: E402
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from _common import commit, write_results  # noqa: E402
+from harness.results import commit, write_results  # noqa: E402
 from openvocab import RECIPE, WORK, overrides  # noqa: E402
 
 from jobs.workload import AsrWorkload  # noqa: E402

@@ -10,9 +10,9 @@ filterbanks computed once beforehand (`chorus features`), with tiny.yaml's batch
 seconds a learner a step; `--batch-seconds` changes it for everyone), optimizer and learning-rate
 schedule over the same wall budget.
 
-Contenders, interleaved (`_common.interleaved`, order rotating), on the same hosts, data, batch
+Contenders, interleaved (`harness.stats.interleaved`, order rotating), on the same hosts, data, batch
 and learning rate:
-- `ray_train`: Ray Train's `TorchTrainer`, DDP over gloo (`bench/ray_train_baseline.py`), with
+- `ray_train`: Ray Train's `TorchTrainer`, DDP over gloo (`bench/harness/ray_train.py`), with
   GLOO_SOCKET_IFNAME set to the hosts' interface by hand (without it gloo cannot connect across
   these hosts, whose names resolve to a loopback address);
 - Chorus `allreduce` (summed host by host: `group.topology_aware`, the default), `allreduce_int8`
@@ -26,7 +26,7 @@ Measured per run (`throughput`: a `--budget` of training, evaluated once at the 
 over the training (the first step to the budget), the bytes each host sent per second through its
 link in that window (the link's counters, sampled every half second: gradients, weights, Ray's own
 traffic, evaluations), steps, start-up. Per link, median and IQR of each contender; a ratio is a
-win only where the IQRs are apart (`_common.compare`).
+win only where the IQRs are apart (`harness.stats.compare`).
 
 Time to WER (`time_to_wer`, 100 Mbit/s only): ray_train, gossip, hierarchical and gossip_none,
 each for `--wer-budget` seconds, `dev` evaluated every `--eval-every` seconds (Chorus: off the
@@ -72,9 +72,9 @@ import matplotlib  # noqa: E402
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import ray  # noqa: E402
-import ray_train_baseline  # noqa: E402
-from _common import MIN_REPEATS, compare, interleaved, summary, write_results  # noqa: E402
-from ray import cloudpickle  # noqa: E402
+from harness import ray_train  # noqa: E402
+from harness.results import write_results  # noqa: E402
+from harness.stats import MIN_REPEATS, compare, interleaved, summary  # noqa: E402
 
 from jobs.synth import synthesize  # noqa: E402
 from orchestrator.driver.config import load_spec  # noqa: E402
@@ -102,7 +102,6 @@ TINY_BATCH_SECONDS = 40.0  # tiny.yaml's padded audio seconds a learner a step
 BATCH_SECONDS = TINY_BATCH_SECONDS  # this run's (--batch-seconds)
 WER_CONTENDERS, WER_LINK = ["ray_train", "gossip", "hierarchical", "gossip_none"], "100mbit"
 WER_WARMUP_STEPS = 10  # time-to-WER runs: tiny.yaml's 100 warm-up steps are ~10 minutes of Ray Train at 100 Mbit/s
-cloudpickle.register_pickle_by_value(ray_train_baseline)  # Ray Train's workers cannot import bench/ modules
 
 
 def corpus() -> Path:
@@ -179,15 +178,17 @@ def run_ray_train(hosts: Hosts, feats: Path, wall: float, eval_every: float | No
     spec = job_spec(feats, "ray_train", wall, eval_every)
     meter = LinkMeter(hosts)
     try:
-        r = ray_train_baseline.run(spec.workload_config.model_dump(mode="json"), spec.seed, LEARNERS, wall,
-                                   eval_every, WORK / "ray_train", {"CPU": 1})
+        plan = ray_train.Plan(workload=spec.workload_config.model_dump(mode="json"), seed=spec.seed, wall_s=wall,
+                              eval_every_s=eval_every, final_eval=True, lr_over="wall", report="end")
+        r, started = ray_train.fit(plan, LEARNERS, WORK / "ray_train", "baseline")
     finally:
         meter.stop()
-    train_wall = r["ended_at"] - r["first_step_at"]
-    curve = [(t - r["started_at"], wer, loss) for t, wer, loss in r["curve"]]
+    ended = r["marks"][-1][0]  # the time its budget was spent (before the final evaluation)
+    train_wall = ended - r["first_step_at"]
+    curve = [(t - started, wer, loss) for t, wer, loss in r["curve"]]
     return {"samples_per_s": round(r["samples"] / train_wall, 2), "samples": r["samples"], "steps": r["steps"],
-            "train_wall_s": round(train_wall, 2), "startup_s": round(r["first_step_at"] - r["started_at"], 3),
-            "sent_per_s": meter.sent_per_s(r["first_step_at"], r["ended_at"]),
+            "train_wall_s": round(train_wall, 2), "startup_s": round(r["first_step_at"] - started, 3),
+            "sent_per_s": meter.sent_per_s(r["first_step_at"], ended),
             "dev_wer": curve[-1][1] if curve else None, "curve": curve}
 
 

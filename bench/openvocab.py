@@ -51,7 +51,8 @@ import matplotlib  # noqa: E402
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import ray  # noqa: E402
-from _common import commit, summary, write_results  # noqa: E402
+from harness.results import commit, write_results  # noqa: E402
+from harness.stats import summary  # noqa: E402
 
 from jobs.audio_shards import write_audio_shards  # noqa: E402
 from jobs.ngram import write_lm  # noqa: E402

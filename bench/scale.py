@@ -46,6 +46,7 @@ Writes bench/results/scale.json and scale.png. Usage: .venv/bin/python bench/sca
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import random
@@ -64,12 +65,13 @@ import matplotlib  # noqa: E402
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import ray  # noqa: E402
-from _common import commit  # noqa: E402
+from harness.results import commit  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from orchestrator.driver.config import parse_spec  # noqa: E402
 from orchestrator.driver.job import TrainingJob  # noqa: E402
 from orchestrator.driver.loop import CHUNK_STEPS  # noqa: E402
+from orchestrator.testing import cluster as testing_cluster  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 WORK = ROOT / "bench" / "work" / "scale"
@@ -129,14 +131,8 @@ def cpu_ticks() -> tuple[int, int]:
     return sum(values[:8]), values[3] + values[4]  # user..steal; idle + iowait
 
 
-def wait_until(what: str, condition, timeout: float = 300.0):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        found = condition()
-        if found:
-            return found
-        time.sleep(0.05)
-    raise TimeoutError(f"timed out waiting for {what}")
+# the shared wait, with the longer timeout a group of up to 8 learners on 2 cores needs
+wait_until = functools.partial(testing_cluster.wait_until, timeout=300.0)
 
 
 class Chunks:

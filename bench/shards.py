@@ -44,9 +44,7 @@ import json
 import multiprocessing as mp
 import os
 import random
-import socket
 import statistics
-import subprocess
 import sys
 import time
 from functools import partial
@@ -59,19 +57,18 @@ import matplotlib  # noqa: E402
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from _common import commit, interleaved, summary, write_results  # noqa: E402
+from harness.results import commit, write_results  # noqa: E402
+from harness.stats import interleaved, summary  # noqa: E402
 
 from jobs.audio_shards import write_audio_shards  # noqa: E402
-from orchestrator.cluster.local_head import BIN, free_port  # noqa: E402
 from orchestrator.cluster.runtime import LEARNER_MALLOC_ARENAS  # noqa: E402
 from orchestrator.driver.config import load_spec  # noqa: E402
+from orchestrator.testing.s3 import local_s3, uri  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 WORK = ROOT / "bench" / "work" / "shards"
 SOURCE = ROOT / "bench" / "work" / "openvocab" / "corpus-20h-0"
 RECIPE = ROOT / "jobs" / "configs" / "openvocab.yaml"
-KEYS = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_REGION": "us-east-1",
-        "AWS_DEFAULT_REGION": "us-east-1"}
 RSS_EVERY = 50  # batches between memory samples
 MODEL_BATCHES = 100  # the model's rate: batches drawn evenly across the epoch
 RATE_ROUNDS = 5  # rounds of a data window and a model pass over those batches
@@ -96,30 +93,6 @@ def scaled_manifest(utterances: int) -> Path:
             f.write(json.dumps({**row, "audio_filepath": str(link.relative_to(out))}, allow_nan=False) + "\n")
     manifest.with_suffix(".tmp").rename(manifest)
     return manifest
-
-
-def start_s3() -> tuple[subprocess.Popen, str]:
-    """moto's S3 server on a free loopback port with a bucket `chorus`; its endpoint."""
-    import boto3
-
-    port = free_port()
-    server = subprocess.Popen([str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            if time.monotonic() > deadline or server.poll() is not None:
-                raise RuntimeError("moto's server did not start") from None
-            time.sleep(0.2)
-    boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}").create_bucket(Bucket="chorus")
-    return server, f"127.0.0.1:{port}"
-
-
-def uri(endpoint: str, name: str) -> str:
-    return f"s3://chorus/{name}?endpoint_override={endpoint}&scheme=http"
 
 
 def spec_for(train: str, **more: str):
@@ -301,11 +274,10 @@ def main() -> int:
     parser.add_argument("--small-utterances", type=int, default=10_000, help="the 10-hour corpus")
     parser.add_argument("--audio-utterances", type=int, default=6_000, help="each learner's, on the audio path")
     args = parser.parse_args()
-    os.environ.update({"RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled"), **KEYS})
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("MALLOC_ARENA_MAX", LEARNER_MALLOC_ARENAS)  # as a learner actor's process has it
     started = time.time()
-    server, endpoint = start_s3()
-    try:
+    with local_s3() as endpoint:  # its credentials in this process's environment, for the learners too
         mel_bins = load_spec(RECIPE, check_paths=False).workload_config.features.num_mel_bins
         made = {name: write_audio_shards(scaled_manifest(n), uri(endpoint, name), shard_mb=64, mel_bins=mel_bins)
                 for name, n in (("small", args.small_utterances), ("large", args.utterances))}
@@ -315,9 +287,6 @@ def main() -> int:
         epoch = two_learners(stream_learner, trains["large"])
         model = two_learners(model_learner, trains["large"], in_step=True)
         audio = two_learners(partial(stream_learner, audio_utterances=args.audio_utterances), trains["large"])
-    finally:
-        server.terminate()
-        server.wait(timeout=60)
     for learner in epoch:
         learner["rss_growth_mb"] = rss_growth(learner["rss_mb"])
     startup = {name: summary(values, 3) for name, values in startups.items()}

@@ -6,8 +6,8 @@ its compute each step, one logical CPU and one torch thread each, 20 s of padded
 learner per step for everyone):
 - Chorus `gossip` (ring ordered by measured speed),
 - Chorus `allreduce`, throughput-balanced shards and batches,
-- Ray Train's `TorchTrainer` (DDP), equal shards and batches (its slow worker sleeps through a
-  DDP comm hook, bench/heterogeneous.py's `_slow_allreduce_hook`).
+- Ray Train's `TorchTrainer` (DDP, `harness.ray_train`), equal shards and batches (its slow worker
+  sleeps through a DDP comm hook, `harness.ray_train.slow_allreduce_hook`).
 
 All train tiny.yaml's model with its optimizer and learning-rate schedule over its 40 epochs,
 on the corpus `make demo` makes (`chorus synth --utterances 2000 --seed 0`), and evaluate `dev`
@@ -20,7 +20,7 @@ the evaluation between rounds, after the checkpoint is written), a few seconds a
 evaluation ends at most: a bias against Chorus, kept because it is what a user sees. A run that
 does not get there within `--limit` seconds counts as the limit and is marked.
 
-Interleaved (`_common.interleaved`, order rotating), `--repeats` times (5), each in a fresh local
+Interleaved (`harness.stats.interleaved`, order rotating), `--repeats` times (5), each in a fresh local
 Ray instance. Target: Chorus's better median <= 0.5x Ray Train's.
 
 Writes `bench/results/time_to_wer.json` and `time_to_wer.png`.
@@ -43,12 +43,12 @@ sys.path.insert(0, str(ROOT))
 import matplotlib  # noqa: E402
 
 matplotlib.use("Agg")
-import heterogeneous  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 import ray  # noqa: E402
-from _common import MIN_REPEATS, compare, interleaved, summary, write_results  # noqa: E402
-from heterogeneous import BATCH_SECONDS, FACTOR, LEARNERS, SLOW, _slow_allreduce_hook  # noqa: E402
-from ray import cloudpickle  # noqa: E402
+from harness import ray_train  # noqa: E402
+from harness.results import write_results  # noqa: E402
+from harness.stats import MIN_REPEATS, compare, interleaved, summary  # noqa: E402
+from heterogeneous import BATCH_SECONDS, FACTOR, LEARNERS, SLOW  # noqa: E402
 
 from jobs.synth import synthesize  # noqa: E402
 from orchestrator.driver.config import load_spec  # noqa: E402
@@ -58,7 +58,6 @@ RESULTS = ROOT / "bench" / "results"
 WORK = ROOT / "bench" / "work" / "time_to_wer"
 WER_TARGET, EVAL_SECONDS, RATIO_TARGET = 5.0, 20.0, 0.5
 CONTENDERS = ["gossip", "allreduce_balanced", "ray_train"]
-cloudpickle.register_pickle_by_value(heterogeneous)  # Ray Train's workers cannot import bench/ modules
 
 
 def job_spec(corpus: Path, kind: str, name: str):
@@ -96,99 +95,16 @@ def run_chorus(corpus: Path, name: str, limit: float) -> dict:
             "epochs": summary_["epochs"]}
 
 
-def ray_train_loop(config: dict) -> None:
-    """One Ray Train worker: tiny.yaml's workload under DDP, the slow rank slowed; rank 0 evaluates
-    `dev` every `eval_seconds` and stops everyone at the target. Every rank takes the same number
-    of steps an epoch (the fewest any shard has: DistributedSampler's drop_last), so the flags'
-    broadcast after each step meets on every rank."""
-    import itertools
-    import time
-
-    import ray.train
-    import ray.train.torch
-    import torch
-    import torch.distributed as dist
-
-    from jobs.sections import WorkloadConfig
-    from jobs.workload import AsrWorkload
-
-    ctx = ray.train.get_context()
-    rank, world = ctx.get_world_rank(), ctx.get_world_size()
-    torch.set_num_threads(1)
-    workload = AsrWorkload(WorkloadConfig.model_validate(config["workload"]), seed=config["seed"])
-    model = ray.train.torch.prepare_model(workload.build_model())
-    optimizer = workload.build_optimizer(model)
-    clock = {"compute": 0.0, "step": 0, "slept": -1, "slept_s": 0.0}
-    if rank == config["slow"]:
-        model.register_comm_hook(clock, config["hook"])
-    started, last_eval, curve, reached = config["started"], time.time(), [], None
-    flags, step, epoch = torch.zeros(2), 0, 0  # [evaluate now, stop]
-    while epoch < config["epochs"] and not flags[1]:
-        batches = workload.batches(rank, world, epoch)
-        count = torch.tensor([float(len(batches))])
-        dist.all_reduce(count, op=dist.ReduceOp.MIN)  # the same steps on every rank (drop_last)
-        for batch in itertools.islice(batches, int(count.item())):
-            began, clock["step"], clock["slept_s"] = time.perf_counter(), step, 0.0
-            optimizer.zero_grad()
-            workload.loss(model, batch).backward()
-            clock["compute"] = time.perf_counter() - began - clock["slept_s"]
-            workload.optimizer_step(model, optimizer, step, epoch / config["epochs"])
-            step += 1
-            if rank == 0:
-                flags[0] = float(time.time() - last_eval >= config["eval_seconds"])
-                flags[1] = float(time.time() - started >= config["limit"])
-            dist.broadcast(flags, 0)
-            if flags[0]:
-                if rank == 0:
-                    wer = workload.evaluate(model.module, "dev")["wer"]
-                    curve.append((round(time.time() - started, 1), wer))
-                    last_eval = time.time()
-                    if wer <= config["target"]:
-                        reached, flags[1] = time.time() - started, 1.0
-                dist.broadcast(flags, 0)
-                report(rank, model, optimizer, {"reached": reached, "curve": curve, "epochs": epoch})
-            if flags[1]:
-                break
-        epoch += 1
-    report(rank, model, optimizer, {"reached": reached, "curve": curve, "epochs": epoch})
-
-
-def report(rank: int, model, optimizer, metrics: dict) -> None:
-    """Every rank reports; rank 0 with a resumable checkpoint (as Chorus checkpoints at each
-    evaluation), so Ray Train keeps these metrics as the result's."""
-    import tempfile
-    from pathlib import Path
-
-    import ray.train
-    import torch
-
-    with tempfile.TemporaryDirectory() as tmp:
-        checkpoint = None
-        if rank == 0:
-            torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict()},
-                       Path(tmp, "checkpoint.pt"))
-            checkpoint = ray.train.Checkpoint.from_directory(tmp)
-        ray.train.report(metrics, checkpoint=checkpoint)
-
-
 def run_ray_train(corpus: Path, limit: float) -> dict:
-    from ray.train import RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
-
     started = time.time()
     spec = job_spec(corpus, "allreduce", "ray-train")
-    trainer = TorchTrainer(
-        ray_train_loop, train_loop_config={
-            "workload": spec.workload_config.model_dump(mode="json"), "seed": spec.seed, "slow": SLOW,
-            "hook": _slow_allreduce_hook(FACTOR), "started": started, "limit": limit, "epochs": 40,
-            "eval_seconds": EVAL_SECONDS, "target": WER_TARGET},
-        scaling_config=ScalingConfig(num_workers=LEARNERS, use_gpu=False, resources_per_worker={"CPU": 1}),
-        torch_config=TorchConfig(backend="gloo"),
-        run_config=RunConfig(name=f"time-to-wer-{time.time_ns()}", storage_path=str(WORK / "ray_train")))
-    metrics = trainer.fit().metrics
-    reached = metrics["reached"]
+    plan = ray_train.Plan(workload=spec.workload_config.model_dump(mode="json"), seed=spec.seed, epochs=40,
+                          until=started + limit, target_wer=WER_TARGET, eval_every_s=EVAL_SECONDS, report="eval",
+                          slow_rank=SLOW, slow_factor=FACTOR)
+    metrics, _ = ray_train.fit(plan, LEARNERS, WORK / "ray_train", "time-to-wer")
+    reached = None if metrics["reached_at"] is None else metrics["reached_at"] - started
     return {"seconds": reached if reached is not None else limit, "reached": reached is not None,
-            "curve": metrics["curve"], "epochs": metrics["epochs"]}
+            "curve": [(round(t - started, 1), wer) for t, wer, _ in metrics["curve"]], "epochs": metrics["epochs"]}
 
 
 def run_fresh(name: str, corpus: Path, limit: float, details: dict) -> float:

@@ -56,7 +56,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import ray  # noqa: E402
 import torch  # noqa: E402
-from _common import summary  # noqa: E402
+from harness.stats import summary  # noqa: E402
 
 from orchestrator.cluster.capacity import place_learners, release  # noqa: E402
 from orchestrator.groups.allreduce import AllreduceMember  # noqa: E402

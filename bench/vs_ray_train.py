@@ -1,17 +1,18 @@
 """Benchmark: Chorus `allreduce` against Ray Train's `TorchTrainer` (DDP), same model, data and
-number of workers, measured in the same run on the shared harness (`bench/_common.py`).
+number of workers, measured in the same run on the shared harness (`bench/harness/`).
 
 Two models, each compared on its own: `tiny.yaml`'s (BiLSTM-CTC, ~1.1M parameters) and a wider
 one of ~10M parameters (`MODELS`: d_model 256, 2 layers of 520 LSTM units a direction, 64
 subsampling channels), where the gradient traffic is ~40 MB a step. Both contenders train on the
 same 2,000 synthesized utterances with the same workload code (`jobs.workload.AsrWorkload`:
 sharding, batches of the same padded seconds, features, loss, AdamW step), 2 workers of one CPU
-(one torch thread) each, gloo, for the same number of epochs. Ray Train wraps the model in
-DistributedDataParallel (`prepare_model`: bucketed all-reduces started during backward) and uses
-`model.join()` for shards of unequal batch counts; Chorus averages size-weighted gradients with one
-flat all-reduce per step (its default). Both do the same bookkeeping: a resumable checkpoint (model
-and optimizer state) after every epoch -- Chorus's job checkpoint, and in Ray Train rank 0's
-`ray.train.report` with a checkpoint, as Ray Train's guide writes its loops.
+(one torch thread) each, gloo, for the same number of epochs. Ray Train (`harness.ray_train`) wraps
+the model in DistributedDataParallel (`prepare_model`: bucketed all-reduces started during backward)
+and takes the same number of steps on every rank (the fewest any shard has); Chorus averages
+size-weighted gradients with one flat all-reduce per step (its default). Both do the same
+bookkeeping: a resumable checkpoint (model and optimizer state) after every epoch -- Chorus's job
+checkpoint, and in Ray Train rank 0's `ray.train.report` with a checkpoint, as Ray Train's guide
+writes its loops.
 
 Measured for each contender, in the same window:
 - start-up: seconds from the call that starts training (`TrainingJob.run()`, `TorchTrainer.fit()`)
@@ -21,9 +22,9 @@ Measured for each contender, in the same window:
   warm) to the end of the last epoch.
 
 Every run gets a fresh local Ray instance (`ray.init(num_cpus=2)`), so neither profits from worker
-processes the other left; the contenders run interleaved (`_common.interleaved`, order rotating),
+processes the other left; the contenders run interleaved (`harness.stats.interleaved`, order rotating),
 5 repeats by default, summarised as median [IQR]. Targets (issue 19), for each model: Chorus
-samples/s >= 1.10x Ray Train's with the two IQRs apart (`_common.compare` says 'higher'); Chorus
+samples/s >= 1.10x Ray Train's with the two IQRs apart (`harness.stats.compare` says 'higher'); Chorus
 start-up <= 0.5x Ray Train's. Writes `bench/results/vs_ray_train.json` and `vs_ray_train.png`.
 
 Usage: .venv/bin/python bench/vs_ray_train.py [--models tiny,10m] [--epochs 4] [--repeats 5]
@@ -45,7 +46,9 @@ import matplotlib  # noqa: E402
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import ray  # noqa: E402
-from _common import compare, interleaved, summary, write_results  # noqa: E402
+from harness import ray_train  # noqa: E402
+from harness.results import write_results  # noqa: E402
+from harness.stats import compare, interleaved, summary  # noqa: E402
 
 from jobs.synth import synthesize  # noqa: E402
 from orchestrator.driver.config import load_spec  # noqa: E402
@@ -84,71 +87,13 @@ def run_chorus(corpus: Path, epochs: int, model: str) -> dict:
             "epochs": len(job.evals), "wall_s": summary["wall_s"]}
 
 
-def ray_train_loop(config: dict) -> None:
-    """One Ray Train worker: the same workload as a Chorus learner, under DDP."""
-    import tempfile
-    import time
-    from pathlib import Path
-
-    import ray.train
-    import ray.train.torch
-    import torch
-    import torch.distributed as dist
-
-    from jobs.sections import WorkloadConfig
-    from jobs.workload import AsrWorkload
-
-    ctx = ray.train.get_context()
-    rank, world = ctx.get_world_rank(), ctx.get_world_size()
-    torch.set_num_threads(1)
-    workload = AsrWorkload(WorkloadConfig.model_validate(config["workload"]), seed=config["seed"])
-    model = ray.train.torch.prepare_model(workload.build_model())
-    optimizer = workload.build_optimizer(model)
-    epochs, step, samples, first_step_at, marks = config["epochs"], 0, 0, None, []
-    for epoch in range(epochs):
-        with model.join():  # shards may hold different numbers of batches
-            for batch in workload.batches(rank, world, epoch):
-                optimizer.zero_grad()
-                workload.loss(model, batch).backward()
-                workload.optimizer_step(model, optimizer, step, epoch / epochs)
-                step, samples = step + 1, samples + batch.size
-                first_step_at = first_step_at or time.time()
-        total = torch.tensor([float(samples)])
-        dist.all_reduce(total)
-        marks.append((time.time(), int(total.item())))
-        if epoch == 0:
-            first = torch.tensor([first_step_at], dtype=torch.float64)
-            dist.all_reduce(first, op=dist.ReduceOp.MIN)
-            first_step_at = float(first.item())
-        # the same work as a Chorus job: a resumable checkpoint after every epoch (rank 0 writes it)
-        metrics = {"epoch": epoch + 1, "first_step_at": first_step_at, "marks": marks, "steps": step}
-        with tempfile.TemporaryDirectory() as tmp:
-            checkpoint = None
-            if rank == 0:
-                torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict()},
-                           Path(tmp, "checkpoint.pt"))
-                checkpoint = ray.train.Checkpoint.from_directory(tmp)
-            ray.train.report(metrics, checkpoint=checkpoint)
-
-
 def run_ray_train(corpus: Path, epochs: int, model: str) -> dict:
-    from ray.train import RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
-
     spec = job_spec(corpus, epochs, model)
-    workload = spec.workload_config.model_dump(mode="json")
-    trainer = TorchTrainer(
-        ray_train_loop, train_loop_config={"workload": workload, "seed": spec.seed, "epochs": epochs},
-        scaling_config=ScalingConfig(num_workers=WORKERS, use_gpu=False, resources_per_worker={"CPU": 1}),
-        torch_config=TorchConfig(backend="gloo"),
-        run_config=RunConfig(name=f"vs-chorus-{time.time_ns()}", storage_path=str(WORK / "ray_train")))
-    started = time.time()
-    result = trainer.fit()
-    wall = time.time() - started
-    m = result.metrics
+    plan = ray_train.Plan(workload=spec.workload_config.model_dump(mode="json"), seed=spec.seed, epochs=epochs)
+    m, started = ray_train.fit(plan, WORKERS, WORK / "ray_train", "vs-chorus")
     marks = [(t, s) for t, s in m["marks"]]
     return {"startup_s": round(m["first_step_at"] - started, 3), "samples_per_s": steady_rate(marks),
-            "samples": marks[-1][1], "epochs": len(marks), "wall_s": round(wall, 2)}
+            "samples": marks[-1][1], "epochs": len(marks), "wall_s": round(time.time() - started, 2)}
 
 
 def run_fresh(name: str, corpus: Path, epochs: int, model: str) -> dict:

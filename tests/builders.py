@@ -10,6 +10,8 @@ import threading
 import time
 from pathlib import Path
 
+from orchestrator.testing.cluster import leftovers_of
+
 SPLIT_MANIFESTS = {"train": "train.jsonl", "dev": "dev.jsonl", "test": "test.jsonl",
                    "test_unseen": "test-unseen.jsonl"}
 
@@ -124,26 +126,6 @@ def run_cli(*args: str, entry_point: bool = False, **kwargs) -> subprocess.Compl
     else:
         command = [sys.executable, "-m", "orchestrator.cli"]
     return subprocess.run([*command, *args], capture_output=True, text=True, **kwargs)
-
-
-def leftovers_of(prefix: str) -> dict[str, list]:
-    """What jobs whose names start with `prefix` hold on the connected cluster: their named actors
-    still alive (any namespace), their placement groups not REMOVED, and the autoscaler resource
-    request on the cluster (Ray's v1 key), if any; only the kinds that are not empty."""
-    import json
-
-    import ray
-    from ray.autoscaler._private.constants import AUTOSCALER_RESOURCE_REQUEST_CHANNEL
-    from ray.experimental.internal_kv import _internal_kv_get
-    from ray.util import placement_group_table
-
-    request = _internal_kv_get(AUTOSCALER_RESOURCE_REQUEST_CHANNEL)
-    left = {"actors": [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-                       if a["name"].startswith(prefix)],
-            "placement groups": [g["name"] for g in placement_group_table().values()
-                                 if g["name"].startswith(prefix) and g["state"] != "REMOVED"],
-            "resource request": json.loads(request) if request else []}
-    return {k: v for k, v in left.items() if v}
 
 
 def assert_nothing_left(prefix: str, placement_groups: int | None = None, within: float = 0.0) -> None:

@@ -14,12 +14,13 @@ pytestmark = pytest.mark.unit
 
 @pytest.fixture
 def gpu_bench(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCH))  # as when run as a script: it imports bench/_common
+    monkeypatch.syspath_prepend(str(BENCH))  # as when run as a script: it imports bench/harness
     spec = importlib.util.spec_from_file_location("bench_gpu", BENCH / "gpu.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     yield module
-    sys.modules.pop("_common", None)
+    for name in [m for m in sys.modules if m == "harness" or m.startswith("harness.")]:
+        sys.modules.pop(name)
     sys.modules.pop("gpu_learners", None)
 
 

@@ -268,11 +268,7 @@ class Hosts:
 
 LEFTOVERS = """
 import json, sys, ray
-from ray.util import placement_group_table
+from orchestrator.testing.cluster import leftovers_of
 ray.init(address=sys.argv[1], log_to_driver=False, logging_level="ERROR")
-prefix = sys.argv[2]
-actors = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith(prefix)]
-groups = [g["name"] for g in placement_group_table().values()
-          if g["name"].startswith(prefix) and g["state"] != "REMOVED"]
-print(json.dumps({"actors": actors, "placement groups": groups}, allow_nan=False))
+print(json.dumps(leftovers_of(sys.argv[2], request=False), allow_nan=False))
 """

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,11 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.cluster.local_head import BIN, free_port
+from orchestrator.testing.s3 import KEYS, local_s3, uri
 
 ROOT = Path(__file__).resolve().parents[3]
-KEYS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1",
-        "AWS_DEFAULT_REGION": "us-east-1"}
 pytestmark = pytest.mark.xdist_group("s3")  # one worker runs them all: they share the module's S3 server
 SMALL_MODEL = {"subsample_channels": 8, "d_model": 32, "hidden": 32, "layers": 1}
 
@@ -28,36 +25,8 @@ SMALL_MODEL = {"subsample_channels": 8, "d_model": 32, "hidden": 32, "layers": 1
 def s3():
     """moto's S3 server on a free loopback port with a bucket `chorus`: its endpoint
     ("127.0.0.1:PORT"); the AWS credentials it takes are set in this process's environment."""
-    import boto3
-
-    port = free_port()
-    server = subprocess.Popen([str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    saved = {k: os.environ.get(k) for k in KEYS}
-    os.environ.update(KEYS)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline and server.poll() is None, "moto's server did not start"
-                time.sleep(0.2)
-        boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}").create_bucket(Bucket="chorus")
-        yield f"127.0.0.1:{port}"
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
-def uri(endpoint: str, path: str) -> str:
-    return f"s3://chorus/{path}?endpoint_override={endpoint}&scheme=http"
+    with local_s3() as endpoint:
+        yield endpoint
 
 
 def listed(endpoint: str, prefix: str) -> list[str]:

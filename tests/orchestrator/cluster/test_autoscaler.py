@@ -23,6 +23,7 @@ import yaml
 
 from orchestrator.cluster.local_head import HeadNode
 from orchestrator.driver.job import TrainingJob
+from orchestrator.testing.cluster import wait_until as shared_wait_until
 from tests.builders import linear_spec, run_in_thread, stop_job
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -113,15 +114,8 @@ def changes(job) -> list[str]:
 
 
 def wait_until(predicate, timeout: float, what: str, thread=None):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        if thread is not None and not thread.is_alive():
-            raise AssertionError(f"the job ended before {what}: {thread.outcome}")
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+    """The shared wait (`orchestrator.testing.cluster.wait_until`), failing as soon as the job ended."""
+    return shared_wait_until(what, predicate, timeout, poll=0.5, job=thread)
 
 
 def test_a_job_grows_the_cluster_with_gpu_nodes_and_they_go_when_it_ends(autoscaling_head, tmp_path):

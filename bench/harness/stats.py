@@ -1,11 +1,9 @@
-"""What comparisons in bench/ are to share (so far transport.py takes its `summary` from here), so
-that a sceptical reader can trust each ratio the same way: contenders run interleaved (each repeat
-measures every contender once, in an order that rotates by one from repeat to repeat, so a slow
-spell of this shared machine falls on all of them; with repeats a multiple of the contenders each
-goes first equally often), at least `MIN_REPEATS` repeats, summarised as median and interquartile range; a
-ratio of two medians is a win only when the two IQRs do not overlap (otherwise it is called a
-tie); every contender loses a learner the same way (`sigkill`, SIGKILL of the learner's process);
-and the results go out as JSON with a top-level `passed` beside a PNG.
+"""The statistics of a comparison, the same for every benchmark, so that a sceptical reader can trust
+each ratio the same way: contenders run interleaved (each repeat measures every contender once, in
+an order that rotates by one from repeat to repeat, so a slow spell of this shared machine falls on
+all of them; with repeats a multiple of the contenders each goes first equally often), at least
+`MIN_REPEATS` repeats, summarised as median and interquartile range; a ratio of two medians is a
+win only when the two IQRs do not overlap (otherwise it is called a tie).
 
 Example:
     >>> runs = interleaved({"a": lambda r: 1.0 + r, "b": lambda r: 2.0 * (r + 1)}, repeats=5, progress=None)
@@ -15,16 +13,10 @@ Example:
 
 from __future__ import annotations
 
-import json
-import os
-import signal
 import statistics
-import subprocess
 from collections.abc import Callable, Mapping
-from pathlib import Path
 
 MIN_REPEATS = 5
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def interleaved(contenders: Mapping[str, Callable[[int], float]], repeats: int = MIN_REPEATS,
@@ -66,27 +58,3 @@ def compare(a: dict, b: dict) -> dict:
     else:
         verdict = "tie"
     return {"ratio": ratio, "verdict": verdict}
-
-
-def sigkill(pid: int) -> None:
-    """The one fault every contender gets: SIGKILL of the learner's (or worker's) process."""
-    os.kill(pid, signal.SIGKILL)
-
-
-def write_results(path: Path, result: dict, plot: Callable[[dict, Path], None]) -> None:
-    """`result` as JSON at `path` (it must say `passed`) and its figure beside it (same name, .png)."""
-    if not isinstance(result.get("passed"), bool):
-        raise ValueError(f"{path.name}: a benchmark's result needs a top-level boolean 'passed'")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2) + "\n")
-    plot(result, path.with_suffix(".png"))
-
-
-def commit() -> str:
-    """What a result was measured at: the checkout's HEAD (short hash), with "+uncommitted changes"
-    after it when tracked files differ from it."""
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-
-    return git("rev-parse", "--short", "HEAD") + ("+uncommitted changes" if git("status", "--porcelain",
-                                                                              "--untracked-files=no") else "")
