@@ -36,7 +36,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import ray  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from jobs.synth import data_overrides, synthesize  # noqa: E402
+from jobs.synth.corpus import data_overrides, synthesize  # noqa: E402
 from orchestrator.cli.train import format_eval  # noqa: E402
 from orchestrator.driver.config import load_spec  # noqa: E402
 from orchestrator.driver.job import TrainingJob  # noqa: E402

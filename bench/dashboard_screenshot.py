@@ -1,7 +1,7 @@
 """A screenshot of the Ray dashboard's Jobs page showing a Chorus job, for the README.
 
 Starts a Ray head node on loopback (`orchestrator.cluster.local_head`), submits a short 2-learner gossip
-job with `chorus submit --follow` (a corpus made by `jobs/synth.py` in a temp dir), and has
+job with `chorus submit --follow` (a corpus made by `jobs/synth/corpus.py` in a temp dir), and has
 headless Chromium (Debian's `chromium`) render http://127.0.0.1:PORT/#/jobs. Writes
 `docs/ray_dashboard_jobs.png` and `bench/results/dashboard_screenshot.json` (the job, its status,
 the page's size). Not a timing benchmark: there is no baseline to compare against.
@@ -24,7 +24,7 @@ RESULT = ROOT / "bench" / "results" / "dashboard_screenshot.json"
 
 
 def main() -> None:
-    from jobs.synth import synthesize
+    from jobs.synth.corpus import synthesize
     from orchestrator.cluster.local_head import BIN, HeadNode
 
     browser = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -60,9 +60,9 @@ import yaml  # noqa: E402
 from harness.results import commit  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from jobs.feature_shards import is_features_folder, write_shards  # noqa: E402
+from jobs.data.feature_shards import is_features_folder, write_shards  # noqa: E402
 from jobs.sections import WorkloadConfig  # noqa: E402
-from jobs.synth import synthesize  # noqa: E402
+from jobs.synth.corpus import synthesize  # noqa: E402
 from jobs.workload import AsrWorkload  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

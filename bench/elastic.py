@@ -51,7 +51,7 @@ from harness.results import write_results  # noqa: E402
 from harness.stats import MIN_REPEATS, summary  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from jobs.synth import synthesize  # noqa: E402
+from jobs.synth.corpus import synthesize  # noqa: E402
 from orchestrator.driver.config import load_spec  # noqa: E402
 from orchestrator.driver.job import TrainingJob  # noqa: E402
 from orchestrator.testing.cluster import start_worker_node, stop_worker_node, wait_until  # noqa: E402

@@ -6,7 +6,7 @@ and what was left on the cluster.
 One `ray.cluster_utils.Cluster` for the whole run (fast failure detection, as tests/conftest.py's
 SYSTEM_CONFIG): a head without learner slots (1 CPU: drivers, a sweep trial's driver bundle), node
 A (2 CPUs, 2 `learner_slot`s) and node B (1 CPU, 1 slot); rows that remove or add a node restore
-this shape after. One 160-utterance synthetic corpus (jobs/synth.py) in bench/work/faults/. Jobs
+this shape after. One 160-utterance synthetic corpus (jobs/synth/corpus.py) in bench/work/faults/. Jobs
 are small (a narrow BiLSTM, 2 to 3 learners holding a `learner_slot` each, 10 s batches, a dev
 evaluation every few seconds) and are stopped once the row has its figures. Jobs of in-job faults
 run as a `TrainingJob` in a thread of this process; faults around the driver run `chorus train`
@@ -93,8 +93,8 @@ sys.path.insert(0, str(ROOT))
 import network_faults  # noqa: E402, I001  (bench/ is on the path: this script's folder)
 from harness.results import commit  # noqa: E402
 
-from jobs.data import DataError, shard_batches  # noqa: E402
-from jobs.synth import synthesize  # noqa: E402
+from jobs.data.manifests import DataError, shard_batches  # noqa: E402
+from jobs.synth.corpus import synthesize  # noqa: E402
 from orchestrator.cluster.capacity import CapacityTimeout  # noqa: E402
 from orchestrator.checkpoint.files import CheckpointError, load_latest, numbered  # noqa: E402
 from orchestrator.checkpoint.files import load as load_checkpoint  # noqa: E402

@@ -42,7 +42,7 @@ from harness.results import write_results  # noqa: E402
 from harness.stats import interleaved, summary  # noqa: E402
 
 from jobs.sections import DecodingConfig  # noqa: E402
-from jobs.synth import data_overrides, synthesize  # noqa: E402
+from jobs.synth.corpus import data_overrides, synthesize  # noqa: E402
 from jobs.workload import AsrWorkload  # noqa: E402
 from orchestrator.checkpoint.files import load  # noqa: E402
 from orchestrator.driver.config import JobSpec, load_spec  # noqa: E402

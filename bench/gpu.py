@@ -61,7 +61,7 @@ from gpu_learners import RECIPES, measure  # noqa: E402
 from harness.results import write_results  # noqa: E402
 from harness.stats import compare, interleaved, summary  # noqa: E402
 
-from jobs.synth import synthesize  # noqa: E402
+from jobs.synth.corpus import synthesize  # noqa: E402
 from orchestrator.cluster.capacity import place_learners, release  # noqa: E402
 from orchestrator.driver.config import load_spec  # noqa: E402
 from orchestrator.groups.allreduce import AllreduceMember  # noqa: E402

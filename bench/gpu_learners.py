@@ -203,14 +203,14 @@ def ray_train_loop(config: dict) -> None:
 
 
 class _Plan(torch.utils.data.Sampler):
-    """The batch plan a one-learner Chorus job trains on (`jobs.data.shard_batches`), epoch by
+    """The batch plan a one-learner Chorus job trains on (`jobs.data.manifests.shard_batches`), epoch by
     epoch, as lists of (epoch, utterance) for the dataset."""
 
     def __init__(self, workload):
         self.workload, self.epoch = workload, 0
 
     def __iter__(self):
-        from jobs.data import shard_batches
+        from jobs.data.manifests import shard_batches
 
         data = self.workload.config.data
         plan = shard_batches(self.workload.train.durations, data.max_batch_seconds, self.epoch, self.workload.seed)

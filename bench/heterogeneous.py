@@ -56,7 +56,7 @@ from harness import ray_train  # noqa: E402
 from harness.results import write_results  # noqa: E402
 from harness.stats import interleaved, summary  # noqa: E402
 
-from jobs.synth import synthesize  # noqa: E402
+from jobs.synth.corpus import synthesize  # noqa: E402
 from orchestrator.cluster.capacity import place_learners, release  # noqa: E402
 from orchestrator.cluster.runtime import fetch  # noqa: E402
 from orchestrator.driver.config import load_spec  # noqa: E402

@@ -76,7 +76,7 @@ from harness import ray_train  # noqa: E402
 from harness.results import write_results  # noqa: E402
 from harness.stats import MIN_REPEATS, compare, interleaved, summary  # noqa: E402
 
-from jobs.synth import synthesize  # noqa: E402
+from jobs.synth.corpus import synthesize  # noqa: E402
 from orchestrator.driver.config import load_spec  # noqa: E402
 from orchestrator.driver.job import TrainingJob  # noqa: E402
 from orchestrator.testing.hosts import Hosts  # noqa: E402
@@ -109,9 +109,8 @@ def corpus() -> Path:
     audio, feats = WORK / "corpus-2000-0", WORK / "feats-2000-0"
     if not (audio / "corpus.json").is_file():
         synthesize(audio, utterances=2000, eval_utterances=100, seed=0, progress=False, engines="espeak")
-    from orchestrator.workload import workload_part
+    from jobs.data.feature_shards import write_shards
 
-    write_shards = workload_part("asr", "features")
     for split in ("train", "dev"):
         if not (feats / split).is_dir():
             write_shards(str(audio / f"{split}.jsonl"), str(feats / split), num_mel_bins=80, shard_mb=64.0)

@@ -18,10 +18,10 @@ learners read them (`data.shard_features`), augmenting in the log-mel domain: no
 no filterbanks computed in training.
 
 With `--engines espeak,festival,flite` the corpus has CMU flite's clustergen voices in training as
-well (`jobs/synth.py`; its own corpus folder, `-flite` in the results' names): whether a third
+well (`jobs/synth/corpus.py`; its own corpus folder, `-flite` in the results' names): whether a third
 engine's voices in training bring the held-out engine nearer. With `--engines
 espeak,festival,flite,world` (`-flite-world`), the WORLD vocoder's higher-pitched conversions of the
-male Festival and flite voices too (`jobs/voice_conversion.py`).
+male Festival and flite voices too (`jobs/synth/voice_conversion.py`).
 
 With `--set KEY=VALUE` (repeatable, as `chorus train --set`) the recipe is changed for an
 experiment, named by `--name` (its runs' folders and results file carry the name); the recipe's
@@ -54,9 +54,9 @@ import ray  # noqa: E402
 from harness.results import commit, write_results  # noqa: E402
 from harness.stats import summary  # noqa: E402
 
-from jobs.audio_shards import write_audio_shards  # noqa: E402
+from jobs.data.audio_shards import write_audio_shards  # noqa: E402
 from jobs.ngram import write_lm  # noqa: E402
-from jobs.synth import synthesize  # noqa: E402
+from jobs.synth.corpus import synthesize  # noqa: E402
 from jobs.workload import AsrWorkload  # noqa: E402
 from orchestrator.checkpoint.files import load  # noqa: E402
 from orchestrator.driver.config import load_spec  # noqa: E402

@@ -118,7 +118,7 @@ def main() -> None:
         return
     from ray.cluster_utils import Cluster
 
-    from jobs.synth import synthesize
+    from jobs.synth.corpus import synthesize
     from orchestrator.cluster.local_head import free_port
 
     work = Path(tempfile.mkdtemp(prefix="chorus-preemption-"))

@@ -60,7 +60,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from harness.results import commit, write_results  # noqa: E402
 from harness.stats import interleaved, summary  # noqa: E402
 
-from jobs.audio_shards import write_audio_shards  # noqa: E402
+from jobs.data.audio_shards import write_audio_shards  # noqa: E402
 from orchestrator.cluster.runtime import LEARNER_MALLOC_ARENAS  # noqa: E402
 from orchestrator.driver.config import load_spec  # noqa: E402
 from orchestrator.testing.s3 import local_s3, uri  # noqa: E402

@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from jobs.synth import data_overrides, synthesize
+from jobs.synth.corpus import data_overrides, synthesize
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"

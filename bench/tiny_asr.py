@@ -23,9 +23,9 @@ import torch
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from jobs.data import load_audio, read_corpus  # noqa: E402
-from jobs.features import Fbank  # noqa: E402
-from jobs.synth import data_overrides, synthesize  # noqa: E402
+from jobs.data.manifests import load_audio, read_corpus  # noqa: E402
+from jobs.features.filterbanks import Fbank  # noqa: E402
+from jobs.synth.corpus import data_overrides, synthesize  # noqa: E402
 from orchestrator.cli.train import format_eval  # noqa: E402
 from orchestrator.driver.config import load_spec  # noqa: E402
 from orchestrator.driver.job import TrainingJob  # noqa: E402

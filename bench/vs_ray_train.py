@@ -50,7 +50,7 @@ from harness import ray_train  # noqa: E402
 from harness.results import write_results  # noqa: E402
 from harness.stats import compare, interleaved, summary  # noqa: E402
 
-from jobs.synth import synthesize  # noqa: E402
+from jobs.synth.corpus import synthesize  # noqa: E402
 from orchestrator.driver.config import load_spec  # noqa: E402
 from orchestrator.driver.job import TrainingJob  # noqa: E402
 

@@ -28,7 +28,7 @@ FRAMES = [("orchestrator/cli", "cli/: the chorus command (composition root)"),
           ("orchestrator/learner", "learner/: one replica on one device (a Ray actor)"),
           ("orchestrator/groups", "groups/: how learners agree (no speech)"),
           ("orchestrator/base", "base/ and the workload protocol"),
-          ("jobs", "jobs/: the speech workload (never imports Ray or orchestrator/)")]
+          ("jobs", "jobs/: the speech workload; data/, features/, synth/ (never imports Ray or orchestrator/)")]
 ROW = 4  # boxes in a row of a frame
 WHOLE = ("search", "jobs")  # drawn as one box each: packages beside the orchestrator
 LOOSE = {"orchestrator/workload.py": "orchestrator/base"}  # a module drawn in another package's frame
@@ -54,7 +54,7 @@ def modules() -> dict[str, str]:
     """Every module drawn (its path) -> its frame; __init__ files and `testing/` are not drawn."""
     found = {}
     for frame, _ in FRAMES:
-        for path in sorted((ROOT / frame).glob("*.py")):
+        for path in sorted((ROOT / frame).rglob("*.py") if frame in WHOLE else (ROOT / frame).glob("*.py")):
             if path.name not in ("__init__.py", "__main__.py"):
                 found[str(path.relative_to(ROOT))] = frame
     return {**found, **LOOSE}

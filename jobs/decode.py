@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from torchaudio.models.decoder import CTCDecoderLM, CTCDecoderLMState
 
-from jobs.data import DataError
+from jobs.data.manifests import DataError
 from jobs.ngram import BOS, EOS, UNK, NgramModel, read_arpa_text
 from jobs.sections import DecodingConfig
 from jobs.tokenizer import BLANK, BLANK_NAME, BpeTokenizer, CharTokenizer

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
-from jobs.data import DataError, shard_batches
-from jobs.sections import LinearConfig
+from jobs.data.manifests import DataError, shard_batches
+from jobs.sections import EVAL_SPLITS, LinearConfig
 from jobs.workload import load_model_state, model_state
 
 
@@ -59,6 +59,7 @@ class LinearWorkload:
 
     Config = LinearConfig
     input_error = DataError
+    final_splits = EVAL_SPLITS[1:]  # scored at the end; dev while training
 
     def __init__(self, config: LinearConfig, seed: int = 0):
         self.config, self.seed = config, seed

@@ -36,8 +36,8 @@ class DataConfig(BaseModel):
         batches each worker prepares ahead.
     shard_features: train on the log-mel power that audio shards carry (`chorus shards --features`)
         instead of decoding their audio and computing filterbanks; augmentation is then applied in
-        the log-mel domain (`jobs.mel_augment`, an approximation of the waveform's).
-    workers: processes that prepare training batches in parallel (`jobs.worker_batches`); 0
+        the log-mel domain (`jobs.features.mel_augment`, an approximation of the waveform's).
+    workers: processes that prepare training batches in parallel (`jobs.data.worker_batches`); 0
         prepares them in the learner's process. Each keeps a feature cache of `cache_mb`. Unset: one
         per CPU of the learner's but one when its step runs on a GPU, else 0 (a CPU learner's step
         uses all its CPUs).
@@ -88,7 +88,7 @@ class FeatureConfig(BaseModel):
     num_freq_masks, num_time_masks: how many masks of each kind per utterance.
     compute_on: where training batches' filterbanks and waveform augmentation are computed:
         `device`: batched where the learner's model is (its GPU), from audio the input path
-        decodes and augmentation it draws there (`jobs/device_features.py`); `cpu`: per
+        decodes and augmentation it draws there (`jobs/features/device.py`); `cpu`: per
         utterance in the input path, cached when nothing is augmented; `auto`: `device` when the
         learner sees a GPU, else `cpu`. Evaluation and features folders always use the CPU path.
     """
@@ -104,7 +104,7 @@ class FeatureConfig(BaseModel):
 
 class AugmentConfig(BaseModel):
     """Waveform augmentation of training utterances, drawn anew each epoch from (seed, epoch,
-    utterance) alone; evaluation never sees it (`jobs/augment.py`). Every kind is off by default.
+    utterance) alone; evaluation never sees it (`jobs/features/augment.py`). Every kind is off by default.
 
     Args:
         speed_factors: speed perturbation: each utterance is resampled by one factor drawn from

@@ -31,12 +31,9 @@ if TYPE_CHECKING:
 # no torch, so validating a spec does not load the workload)
 REGISTRY: dict[str, dict[str, str]] = {
     "asr": {"workload": "jobs.workload:AsrWorkload", "config": "jobs.sections:WorkloadConfig",
-            "synthesize": "jobs.synth:synthesize", "synth_error": "jobs.synth:SynthError",
-            "features": "jobs.feature_shards:write_shards", "lm": "jobs.ngram:write_lm",
-            "shards": "jobs.audio_shards:write_audio_shards", "input_error": "jobs.data:DataError"},
+            "commands": "jobs.commands:COMMANDS"},
     "linear": {"workload": "jobs.linear:LinearWorkload", "config": "jobs.sections:LinearConfig"},
 }
-EVAL_SPLITS = ("dev", "test", "test_unseen", "test_unseen_engine")  # dev while training, the others at the end
 
 
 class Batch(Protocol):
@@ -58,17 +55,20 @@ class ShardBatches(Protocol):
 class Workload(Protocol):
     """What the orchestrator asks of a workload. `Config` is its pydantic section of the spec;
     `input_error` the exception its data problems raise (the CLI reports it in one line);
+    `final_splits` the splits scored once at the end, on the model evaluated last (`dev` is the
+    one scored while training);
     `max_rollbacks` how often a job may roll back a non-finite loss before it gives up."""
 
     Config: type[BaseModel]
     input_error: type[Exception]
+    final_splits: tuple[str, ...]
     max_rollbacks: int
 
     def __init__(self, config: BaseModel, seed: int = 0): ...
 
     @staticmethod
     def eval_splits(config: BaseModel) -> list[str]:
-        """Which of `EVAL_SPLITS` a spec's section of this workload has."""
+        """Which splits a spec's section of this workload has: `dev` and any of `final_splits`."""
 
     def check_data(self) -> None: ...
 
@@ -86,7 +86,7 @@ class Workload(Protocol):
 
     def evaluate(self, model: torch.nn.Module, split: str) -> dict | None:
         """{"wer": error rate in percent or None, "loss": ..., "utterances": samples scored} on
-        one of `EVAL_SPLITS`, or None when the spec has no such split."""
+        `dev` or one of `final_splits`, or None when the spec has no such split."""
 
     def state_dict(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> dict: ...
 
@@ -122,9 +122,11 @@ def workload_config(name: str) -> type[BaseModel]:
     return _load(name, "config") if "config" in REGISTRY.get(name, {}) else workload_class(name).Config
 
 
-def workload_part(name: str, part: str) -> Any:
-    """Another registered part of a workload (e.g. `asr`'s `synthesize` for `chorus synth`)."""
-    return _load(name, part)
+def workload_commands() -> list:
+    """The commands the registered workloads add to `chorus` (their `commands` part: a list of
+    click commands, e.g. `asr`'s data tools `synth`, `features`, `shards` and `lm`)."""
+    return [command for name, entry in REGISTRY.items() if "commands" in entry
+            for command in _load(name, "commands")]
 
 
 def build_workload(name: str, config: dict | BaseModel, seed: int) -> Workload:
@@ -135,5 +137,6 @@ def build_workload(name: str, config: dict | BaseModel, seed: int) -> Workload:
 
 def register(name: str, workload: str, **parts: str) -> None:
     """Add a workload: `workload` is `module:Class`; it must be importable on every node. A
-    `config="module:Model"` part names its spec section where that module is lighter to import."""
+    `config="module:Model"` part names its spec section where that module is lighter to import;
+    `commands="module:LIST"` the click commands it adds to `chorus`."""
     REGISTRY[name] = {"workload": workload, **parts}

@@ -19,7 +19,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from orchestrator.driver.config import JobSpec, SpecError, apply_overrides, parse_spec
-from orchestrator.workload import EVAL_SPLITS, workload_class
+from orchestrator.workload import workload_class
 from search.space import Space
 
 METHODS = ("bohb", "hyperband", "asha", "hyperopt", "random")
@@ -139,7 +139,7 @@ def _read_yaml(path: Path, what: str) -> Any:
 
 def _absolute_data(job: JobSpec) -> dict:
     raw = job.model_dump(mode="json")
-    for key in ("train", *EVAL_SPLITS):
+    for key in ("train", "dev", *workload_class(job.workload).final_splits):
         if raw["data"].get(key) is not None:
             raw["data"][key] = str(Path(raw["data"][key]).resolve())
     return raw

@@ -54,7 +54,7 @@ def _session_corpus(config) -> Path:
     if not hasattr(config, "_chorus_corpus"):
         from filelock import FileLock
 
-        from jobs.synth import synthesize
+        from jobs.synth.corpus import synthesize
 
         base = config._tmp_path_factory.getbasetemp()
         shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
@@ -62,7 +62,7 @@ def _session_corpus(config) -> Path:
         with FileLock(str(shared / "corpus.lock")):
             if not (out / "corpus.json").is_file():
                 # espeak-ng alone, whatever is installed: the same corpus on every machine (Festival's
-                # engine has tests of its own in tests/jobs/test_synth.py)
+                # engine has tests of its own in tests/jobs/synth/test_corpus.py)
                 synthesize(out, utterances=160, eval_utterances=20, seed=7, workers=2, progress=False,
                            engines="espeak")
         config._chorus_corpus = out

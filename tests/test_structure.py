@@ -67,6 +67,16 @@ def test_the_orchestrator_reaches_jobs_only_through_the_workload_registry():
     assert registry and all(h.startswith("orchestrator/workload.py") for h in registry), registry
 
 
+def test_jobs_data_pipeline_and_synthesizer_stand_apart_from_the_workload():
+    """jobs/data and jobs/features know nothing of the workload that uses them; jobs/synth (the
+    speech made for tests and demos) is imported by nothing that trains."""
+    upward = _grep(r"^\s*(from|import) jobs\.(workload|linear|models|decode|ngram)\b", "jobs/data", "jobs/features")
+    assert upward == [], upward
+    synth = [h for h in _grep(r"^\s*(from|import) jobs\.synth\b", "jobs")
+             if not h.startswith(("jobs/synth/", "jobs/commands.py"))]  # (`chorus synth` runs it)
+    assert synth == [], synth
+
+
 def test_every_class_docstring_begins_with_what_the_class_is():
     found = [f"{path.relative_to(ROOT)}:{node.lineno} {node.name}" for path in _sources(*PACKAGES)
              for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.ClassDef)

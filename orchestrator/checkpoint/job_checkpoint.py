@@ -32,45 +32,83 @@ class JobCheckpoint:
         return cls(**{k: state[k] for k in cls.__dataclass_fields__})
 
     @classmethod
-    def of(cls, job, manifest: dict, wall_s: float) -> JobCheckpoint:
+    def of(cls, spec: dict, manifest: dict, wall_s: float, evals: list[dict], retired_samples: int) -> JobCheckpoint:
         """A running job's checkpoint from a finished snapshot's `manifest` (learner entries by
-        id, the averaged model's entry, the shard plan)."""
+        id, the averaged model's entry, the shard plan), with the job's counters and curve."""
         learners = manifest["learners"]
-        return cls(spec=job.spec.model_dump(mode="json"), learners=list(learners.values()),
-                   learner_ids=list(learners), planner=manifest["planner"], model=manifest["model"],
-                   job={"wall_s": wall_s, "evals": job.evals, "retired_samples": job.roster.retired_samples})
+        return cls(spec=spec, learners=list(learners.values()), learner_ids=list(learners),
+                   planner=manifest["planner"], model=manifest["model"],
+                   job={"wall_s": wall_s, "evals": evals, "retired_samples": retired_samples})
 
     def save(self, folder: Path, step: int, keep: int) -> Path:
         return save(folder, asdict(self), step, keep)
 
-    def restore(self, job, slots) -> float:
-        """Learners placed under a checkpointed id take their own state back (and their place in
-        the epoch); any others start from the first checkpointed learner's model and counters.
-        Returns the wall seconds the job had trained."""
-        by_id = dict(zip(self.learner_ids, self.learners, strict=True))
-        first = self.learners[0]
-        job.runtime.get([load_entry(s.handle, job.store, by_id.get(s.id, first), s.id not in by_id)
-                         for s in slots])
-        if self.planner:
-            job.runtime.get(job.runtime.submit(job.elastic.service, "load", self.planner))
-        job.roster.retired_samples = self.job.get("retired_samples", 0)
-        job.evals = list(self.job["evals"])
-        job.rollbacks.states = by_id
-        self._restore_curve(job.out_dir, job.evals)
+    @property
+    def states(self) -> dict[int, dict]:
+        """Each checkpointed learner's entry, by id (what a rollback goes back to)."""
+        return dict(zip(self.learner_ids, self.learners, strict=True))
+
+    @property
+    def wall_s(self) -> float:
+        """The wall seconds the job had trained."""
         return float(self.job["wall_s"])
 
-    @staticmethod
-    def _restore_curve(out_dir: Path, evals: list[dict]) -> None:
-        """The curve as of the checkpoint; evaluations a stopped run wrote after it (their
-        checkpoint was never written, or was unusable) are kept aside in evals.superseded.jsonl."""
-        curve = out_dir / "evals.jsonl"
-        kept = {strict_json.dumps(r) for r in evals}
-        later = [line for line in (curve.read_text().splitlines() if curve.is_file() else []) if line.strip()
-                 and strict_json.dumps(json.loads(line)) not in kept]
-        if later:
-            with open(out_dir / SUPERSEDED, "a") as f:
-                f.write("".join(line + "\n" for line in later))
-        curve.write_text("".join(strict_json.dumps(r) + "\n" for r in evals))
+    @property
+    def evals(self) -> list[dict]:
+        return list(self.job["evals"])
+
+    @property
+    def retired_samples(self) -> int:
+        return self.job.get("retired_samples", 0)
+
+    def restore(self, runtime, store, service, slots) -> None:
+        """Learners placed under a checkpointed id take their own state back from `store` (and
+        their place in the epoch); any others start from the first checkpointed learner's model and
+        counters. The job's `service` takes the shard plan back."""
+        by_id, first = self.states, self.learners[0]
+        runtime.get([load_entry(s.handle, store, by_id.get(s.id, first), s.id not in by_id) for s in slots])
+        if self.planner:
+            runtime.get(runtime.submit(service, "load", self.planner))
+
+
+def restore_curve(out_dir: Path, evals: list[dict]) -> None:
+    """The curve as of a checkpoint (its `evals`); evaluations a stopped run wrote after it (their
+    checkpoint was never written, or was unusable) are kept aside in evals.superseded.jsonl."""
+    curve = out_dir / "evals.jsonl"
+    kept = {strict_json.dumps(r) for r in evals}
+    later = [line for line in (curve.read_text().splitlines() if curve.is_file() else []) if line.strip()
+             and strict_json.dumps(json.loads(line)) not in kept]
+    if later:
+        with open(out_dir / SUPERSEDED, "a") as f:
+            f.write("".join(line + "\n" for line in later))
+    curve.write_text("".join(strict_json.dumps(r) + "\n" for r in evals))
+
+
+class CheckpointFiles:
+    """Where a run's checkpoints go: into its folder `out_dir` (the newest `keep` kept), the
+    learners' files that no kept checkpoint names pruned from its `store`, everything mirrored to
+    its `storage`; and where the newest one is."""
+
+    def __init__(self, out_dir: Path, store, storage, keep: int):
+        self.out_dir, self.store, self.storage, self.keep = out_dir, store, storage, keep
+        self.newest: str | None = None  # the newest checkpoint's file name, once one is written
+
+    def save(self, checkpoint: JobCheckpoint, step: int) -> Path:
+        path = checkpoint.save(self.out_dir, step, self.keep)
+        self.store.prune({int(p.stem.split("-")[1]) for p in numbered(self.out_dir)}, step)
+        self.storage.push()
+        self.newest = path.name
+        return path
+
+    def location(self) -> str:
+        """Where the run's newest checkpoint is kept: `checkpoint.pt` in a folder; at a URI the
+        newest `checkpoint-<step>.pt` (looked up while the staging folder exists: it goes when the
+        run ends, so the name is kept)."""
+        if self.storage.uri is None:
+            return str(self.out_dir / LATEST)
+        found = numbered(self.out_dir) if self.out_dir.is_dir() else []
+        self.newest = found[0].name if found else (self.newest or LATEST)
+        return self.storage.locate(self.newest)
 
 
 def load_entry(handle, store, entry: dict, adopt: bool):
@@ -79,13 +117,3 @@ def load_entry(handle, store, entry: dict, adopt: bool):
     if "file" in entry:
         return handle.load_state_file.remote(store, entry, adopt)
     return handle.load_state.remote(entry, adopt)
-
-
-def location_of_newest(storage, out_dir: Path, newest: str | None) -> str:
-    """The file name of a run's newest checkpoint: `checkpoint.pt` in a folder; at a URI the
-    newest `checkpoint-<step>.pt` (looked up while the staging folder exists: it goes when the
-    run ends)."""
-    if storage.uri is None:
-        return LATEST
-    found = numbered(out_dir) if out_dir.is_dir() else []
-    return found[0].name if found else (newest or LATEST)

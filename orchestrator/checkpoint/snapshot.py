@@ -1,17 +1,19 @@
 """Snapshot: one evaluation and checkpoint of a running job, taken without the driver holding a
 model and without stopping the training loop for the dev set.
 
-`Snapshot(job, ...)` starts it: the learners sum their models among themselves
-(`consensus.py`; allreduce: one replica), the job's service loads the mean, writes it as the
-checkpoint's averaged model and scores dev (`evaluator.py`, on its own thread), each learner
-measures its distance to the mean, and the learners whose states differ write them to the run's
-store (`state_store.py`; allreduce: one, with every learner's counters). A lockstep group waits
+`Snapshot(run, ...)` starts it (`run`: what it asks of the running job, `RunningJob`): the
+learners sum their models among themselves (`consensus.py`; allreduce: one replica), the job's
+service loads the mean, writes it as the checkpoint's averaged model and scores dev
+(`evaluator.py`, on its own thread), each learner measures its distance to the mean, and the
+learners whose states differ write them to the run's store (`state_store.py`; allreduce: one,
+with every learner's counters). A lockstep group waits
 only for the learners' part (a copy of the weights: milliseconds) before its next round, so the
 weights and counters belong to one step; free-running learners go on at once (each learner's
 state is taken atomically under its weight lock). `finish()` — once `ready()` — gives the
 evaluation record and the checkpoint's manifest (`job_checkpoint.py`): file names, sizes and
-counters, no weights. `Snapshots` is the job's keeper of them: at most one in flight, its record
-appended to `evals.jsonl` and its manifest saved when it is done.
+counters, no weights. `Snapshots` is the job's keeper of them and of its curve: at most one in
+flight, its record appended to `evals.jsonl` and its manifest saved (`CheckpointFiles`) when it is
+done.
 
 What passes through the driver per snapshot is counted (`driver_bytes`): a few kilobytes,
 whatever the model's size or the number of learners.
@@ -21,55 +23,71 @@ from __future__ import annotations
 
 import pickle
 import time
-from pathlib import Path
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 from orchestrator.base import strict_json
 from orchestrator.checkpoint import consensus
-from orchestrator.checkpoint.files import numbered
-from orchestrator.checkpoint.job_checkpoint import JobCheckpoint
+from orchestrator.checkpoint.job_checkpoint import CheckpointFiles, JobCheckpoint
 from orchestrator.checkpoint.state_store import START, model_file, state_file
-from orchestrator.workload import EVAL_SPLITS
 
 RETRY = "retry"  # finish(): a learner died during the snapshot; take a new one without it
 MAX_RETRIES = 10  # more in a row is not learners dying (the job's service is gone): an error
+
+
+@dataclass(frozen=True)
+class RunningJob:
+    """What a snapshot asks of the running job: its runtime, roster (the live learners), group (its
+    strategy's `replicas_equal` and `state_writers`, `lockstep`), elastic membership (the job's
+    service; `drop` for a learner that failed; `on_every_learner`), metrics, the run's state store,
+    the arguments the evaluator builds its workload from."""
+
+    runtime: Any
+    roster: Any
+    group: Any
+    elastic: Any
+    metrics: Any
+    store: Any
+    workload_args: tuple
 
 
 class Snapshot:
     """One evaluation and checkpoint of the running job, in flight while the learners train on.
 
     Args:
-    job: the `TrainingJob` (roster, group, runtime, elastic.service, store, workload_args).
+    run: what it asks of the running job (`RunningJob`).
     train_loss: the mean training loss since the last evaluation; start: time.time() the training began.
     """
 
-    def __init__(self, job, train_loss: float, start: float):
-        self.job, runtime, self.train_loss, self.start = job, job.runtime, train_loss, start
+    def __init__(self, run: RunningJob, train_loss: float, start: float):
+        self.run, runtime, self.train_loss, self.start = run, run.runtime, train_loss, start
         # by node (the group's order within it): the tree adds up each node's models before any
         # crosses between nodes
-        slots = sorted(job.roster.slots(), key=lambda s: s.node or "")
+        slots = sorted(run.roster.slots(), key=lambda s: s.node or "")
         self.ids, handles = [s.id for s in slots], [s.handle for s in slots]
         stats = [s.stats for s in slots]
         self.record = {"epoch": round(sum(s["epoch"] for s in stats) / len(stats), 3),
-                       "step": sum(s["step"] for s in stats) // len(stats), "samples": job.roster.samples(),
+                       "step": sum(s["step"] for s in stats) // len(stats), "samples": run.roster.samples(),
                        "train_loss": round(train_loss, 4), "learners": len(slots)}
         self.wall_s = round(time.time() - start, 2)
-        self.step, root = self.record["step"], job.store.root
-        if job.group.strategy.replicas_equal or len(handles) == 1:
+        self.step, root = self.record["step"], run.store.root
+        if run.group.strategy.replicas_equal or len(handles) == 1:
             total = handles[0].model_vector.remote()
             self.count, leaves = 1, [total]
         else:
             (total, leaves), self.count = consensus.model_sum(handles), len(handles)
-        self.evaluation = runtime.submit(job.elastic.service, "evaluate", job.workload_args, total, self.count,
+        self.evaluation = runtime.submit(run.elastic.service, "evaluate", run.workload_args, total, self.count,
                                          ["dev"], root, model_file(self.step))
         self.distances = dict(zip(consensus.distances(handles, total, self.count), self.ids, strict=True)) \
             if len(handles) > 1 else {}
-        writers = set(job.group.strategy.state_writers(self.ids))
-        self.entries = {(h.save_state.remote(job.store, state_file(self.step, i)) if i in writers
+        writers = set(run.group.strategy.state_writers(self.ids))
+        self.entries = {(h.save_state.remote(run.store, state_file(self.step, i)) if i in writers
                          else h.counters.remote()): i for i, h in zip(self.ids, handles, strict=True)}
         # the plan from the earliest epoch these learners are in (they only move on from there)
-        self.plan = runtime.submit(job.elastic.service, "state", min(s["epoch"] for s in stats))
+        self.plan = runtime.submit(run.elastic.service, "state", min(s["epoch"] for s in stats))
         self.started_at = time.time()
-        if job.group.lockstep:  # the weights, distances and counters of this round, before the next starts
+        if run.group.lockstep:  # the weights, distances and counters of this round, before the next starts
             refs = [*leaves, *self.entries, *self.distances]
             runtime.wait(refs, num_returns=len(refs))
 
@@ -78,7 +96,7 @@ class Snapshot:
 
     def ready(self) -> bool:
         refs = self.refs()
-        return len(self.job.runtime.wait(refs, num_returns=len(refs), timeout=0)) == len(refs)
+        return len(self.run.runtime.wait(refs, num_returns=len(refs), timeout=0)) == len(refs)
 
     def finish(self) -> dict | str | None:
         """The evaluation's outcome once every part is done (waits for it): the record (and the
@@ -86,10 +104,10 @@ class Snapshot:
         job rolls back), or RETRY when a learner died meanwhile. A learner whose own part (its
         state or counters) failed is dropped; the sums and distances fail with any learner of
         the tree, so their failures name nobody."""
-        job, runtime = self.job, self.job.runtime
+        run, runtime = self.run, self.run.runtime
         entries, failed = runtime.gather(dict(self.entries))
         for learner_id, error in failed:
-            job.elastic.drop(learner_id, error)
+            run.elastic.drop(learner_id, error)
         try:
             distances, lost = runtime.gather(dict(self.distances))
             result, plan = runtime.get(self.evaluation), runtime.get(self.plan)
@@ -107,11 +125,11 @@ class Snapshot:
         record = dict(self.record)
         if distances:
             record["consensus_distance"] = round(sum(d for _, d in distances) / len(distances), 6)
-            job.metrics.consensus(record["consensus_distance"])
+            run.metrics.consensus(record["consensus_distance"])
         dev = result["scores"]["dev"]
         if dev is not None:
             if dev["wer"] is not None:
-                job.metrics.evaluation("dev", dev["wer"])
+                run.metrics.evaluation("dev", dev["wer"])
             record.update({"dev_wer": _rounded(dev["wer"], 2), "dev_loss": _rounded(dev["loss"], 4)})
         record["wall_s"] = self.wall_s
         self.manifest = {"learners": self._learner_entries(dict(entries)), "model": result["model"], "planner": plan}
@@ -126,15 +144,27 @@ class Snapshot:
 
 
 class Snapshots:
-    """The job's evaluations and checkpoints. Args: job (the `TrainingJob`)."""
+    """The job's evaluations and checkpoints, and its curve (`evals`).
 
-    def __init__(self, job):
-        self.job = job
+    Args:
+    files: where checkpoints go (`CheckpointFiles`); spec: the job's spec (as JSON, for the checkpoint).
+    rollbacks: the job's `Rollbacks` (told the newest states, and of weights that diverged).
+    report: called with each evaluation's record; final_splits: the splits scored at the end.
+    """
+
+    def __init__(self, files: CheckpointFiles, spec: dict, rollbacks, report: Callable[[dict], None],
+                 final_splits: tuple[str, ...]):
+        self.files, self.spec, self.rollbacks, self.report, self.final_splits = files, spec, rollbacks, report, \
+            final_splits
+        self.run: RunningJob | None = None  # what snapshots ask of the job, once it runs (`attach`)
+        self.evals: list[dict] = []  # the curve: each evaluation's record
         self.current: Snapshot | None = None  # the one in flight
         self.due: tuple[float, float] | None = None  # (train_loss, start) of one due while `current` runs
         self.retries = 0  # snapshots in a row that a dying learner spoiled
         self.driver_bytes: list[int] = []  # what the driver received for each finished snapshot
-        self.newest: str | None = None  # the newest checkpoint's file name, once one is written
+
+    def attach(self, run: RunningJob) -> None:
+        self.run = run
 
     def begin(self, train_loss: float, start: float, wait: bool = False) -> None:
         """Start an evaluation and checkpoint of the live learners. While the one in flight is not
@@ -150,15 +180,14 @@ class Snapshots:
         self._start(train_loss, start)
 
     def _start(self, train_loss: float, start: float) -> None:
-        if self.job.roster.slots():
-            self.current = Snapshot(self.job, train_loss, start)
+        if self.run.roster.slots():
+            self.current = Snapshot(self.run, train_loss, start)
 
     def poll(self, wait: bool = False) -> None:
         """Finish the snapshot in flight once it is done (`wait`: now, and the one due after it):
         write its record and checkpoint and report it; non-finite weights: no record, the loop
         rolls back; a learner died meanwhile: a new snapshot of the others. Then start the one
         that fell due meanwhile."""
-        job = self.job
         while True:
             if self.current is None and self.due is not None:
                 due, self.due = self.due, None
@@ -171,51 +200,42 @@ class Snapshots:
             if self.retries > MAX_RETRIES:
                 raise RuntimeError(f"{self.retries} evaluations in a row failed; the last: {snapshot.error}")
             if record == RETRY:
-                if job.roster.slots():
-                    self.current = Snapshot(job, snapshot.train_loss, snapshot.start)
+                if self.run.roster.slots():
+                    self.current = Snapshot(self.run, snapshot.train_loss, snapshot.start)
                 continue
             self.driver_bytes.append(snapshot.driver_bytes)
             if record is None:
-                job.rollbacks.weights_diverged = True  # never checkpointed: the training loop rolls back
+                self.rollbacks.weights_diverged = True  # never checkpointed: the training loop rolls back
                 self.due = None  # of the same diverged weights
                 continue
-            job.evals.append(record)
-            with open(job.out_dir / "evals.jsonl", "a") as f:
+            self.evals.append(record)
+            with open(self.files.out_dir / "evals.jsonl", "a") as f:
                 f.write(strict_json.dumps(record) + "\n")
-            job.rollbacks.states = snapshot.manifest["learners"]
-            self.save_checkpoint(snapshot.manifest, record["wall_s"], record["step"])
-            job.report(record)
-
-    def save_checkpoint(self, manifest: dict, wall_s: float, step: int) -> Path:
-        """Checkpoint the whole job as of `step` (`JobCheckpoint`: the manifest of the files a
-        snapshot wrote), drop the files of checkpoints no longer kept, mirror to storage."""
-        job = self.job
-        path = JobCheckpoint.of(job, manifest, wall_s).save(job.out_dir, step, job.keep_checkpoints)
-        job.store.prune({int(p.stem.split("-")[1]) for p in numbered(job.out_dir)}, step)
-        job.storage.push()
-        self.newest = path.name
-        return path
+            self.rollbacks.states = snapshot.manifest["learners"]
+            self.files.save(JobCheckpoint.of(self.spec, snapshot.manifest, record["wall_s"], self.evals,
+                                             self.run.roster.retired_samples), record["step"])
+            self.report(record)
 
     def save_start(self) -> None:
         """The starting state, written once by one learner (all start from the same weights): what
         a rollback before the first checkpoint goes back to."""
-        job = self.job
-        for slot in job.roster.slots():
-            answers = job.on_every_learner(lambda s: s.handle.save_state.remote(job.store, START), [slot])
+        run = self.run
+        for slot in run.roster.slots():
+            answers = run.elastic.on_every_learner(lambda s: s.handle.save_state.remote(run.store, START), [slot])
             if answers:
-                job.rollbacks.states = {s.id: answers[slot.id] for s in job.roster.slots()}
+                self.rollbacks.states = {s.id: answers[slot.id] for s in run.roster.slots()}
                 return
 
     def finals(self) -> dict:
         """`wer_<split>` and `utterances_<split>` of the splits scored at the end, on the model
         evaluated last (scored by the job's service)."""
-        job = self.job
-        scores = job.runtime.get(job.runtime.submit(job.elastic.service, "score", job.workload_args,
-                                                    list(EVAL_SPLITS[1:])))
+        run = self.run
+        scores = run.runtime.get(run.runtime.submit(run.elastic.service, "score", run.workload_args,
+                                                    list(self.final_splits)))
         out = {}
         for split, result in scores.items():
             if result is not None and result["wer"] is not None:
-                job.metrics.evaluation(split, result["wer"])
+                run.metrics.evaluation(split, result["wer"])
             out[f"wer_{split}"] = _rounded(result["wer"], 2) if result else None
             out[f"utterances_{split}"] = result["utterances"] if result else 0
         return out

@@ -12,6 +12,7 @@ for a learner whose chunk failed, `drop`.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from orchestrator.cluster.capacity import Capacity, CapacityTimeout
 from orchestrator.driver.roster import Arrival, Roster
@@ -139,6 +140,15 @@ class Elastic:
         if slot is not None:
             self.capacity.free(slot.slot, slot.handle)
             self._ask()
+
+    def on_every_learner(self, call: Callable, slots: list | None = None) -> dict[int, object]:
+        """`call(slot)` (a remote call) on every live learner (or on `slots`): their answers by id;
+        those that are gone are dropped."""
+        slots = self.roster.slots() if slots is None else slots
+        results, failed = self.runtime.gather({call(s): s.id for s in slots})
+        for learner_id, error in failed:
+            self.drop(learner_id, error)
+        return dict(results)
 
     def check_drains(self) -> None:
         """Learners on nodes Ray is draining (`ray drain-node`, the autoscaler's preemption and

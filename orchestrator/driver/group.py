@@ -33,7 +33,7 @@ class Group:
     def __init__(self, job_id: str, spec, runtime, roster, elastic, events):
         self.job_id, self.spec, self.runtime, self.roster = job_id, spec, runtime, roster
         self.elastic, self.events = elastic, events
-        self.strategy = strategy_for(spec, runtime)
+        self.strategy = strategy_for(spec, runtime.distributed)
         self._failed_forms = 0
         self._same_failure: tuple[str, int] = ("", 0)  # (every member's join error, forms in a row)
 
@@ -58,7 +58,26 @@ class Group:
         return self.strategy.dispatch_units(self.roster)
 
     def handover(self, slot) -> int | None:
-        return self.strategy.handover(self.roster, slot)
+        """Before `slot` leaves cleanly, the learner its strategy names takes its weights by one
+        last pairwise average; that learner's id, or None (nobody needs to, or one of them died
+        meanwhile: only the average is lost)."""
+        keeper = self.strategy.handover(self.roster, slot)
+        if keeper is None:
+            return None
+        try:
+            self.runtime.get(self.roster.live[keeper].handle.average.remote(slot.handle.weights.remote()))
+            return keeper
+        except Exception:  # noqa: BLE001 - the keeper or the leaver died meanwhile
+            return None
+
+    # -- what strategies ask of learners (`strategies.Rendezvous`) --------------------------------
+    def address(self, handle) -> str:
+        ip, port = self.runtime.get([handle.ip.remote(), handle.free_port.remote()])
+        return f"{ip}:{port}"
+
+    def backend(self, handles) -> str:
+        devices = set(self.runtime.get([h.device.remote() for h in handles]))
+        return "nccl" if devices == {"cuda"} else "gloo"
 
     def form(self) -> bool:
         """Build the group over the live learners and hand every learner its member. Returns
@@ -67,7 +86,7 @@ class Group:
         roster = self.roster
         roster.order = self.strategy.order(roster)
         try:
-            members = self.strategy.members(roster)
+            members = self.strategy.members(roster, self)
         except Exception as exc:  # noqa: BLE001 - a member died while being asked its device or address
             if not self._drop_silent(exc):
                 raise

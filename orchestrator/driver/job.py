@@ -14,10 +14,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from orchestrator.base import strict_json
-from orchestrator.checkpoint.files import KEEP, LATEST, resume_from
-from orchestrator.checkpoint.job_checkpoint import JobCheckpoint, location_of_newest
+from orchestrator.checkpoint.files import KEEP, resume_from
+from orchestrator.checkpoint.job_checkpoint import CheckpointFiles, JobCheckpoint, restore_curve
 from orchestrator.checkpoint.rundir import RunDir
-from orchestrator.checkpoint.snapshot import Snapshots
+from orchestrator.checkpoint.snapshot import RunningJob, Snapshots
 from orchestrator.checkpoint.state_store import StateStore
 from orchestrator.checkpoint.storage import RunStorage
 from orchestrator.cluster.capacity import Capacity
@@ -65,7 +65,7 @@ class TrainingJob:
         self.runtime = runtime or runtime_for(spec)
         self.storage = RunStorage(out_dir)
         self.spec, self.out_dir, self.resume, self.pool = spec, self.storage.local, resume, pool
-        self.overwrite, self.keep_checkpoints, self.clock = overwrite, keep_checkpoints, clock
+        self.overwrite, self.clock = overwrite, clock
         self.run_dir = RunDir(self.out_dir)
         self.report = report or (lambda record: None)
         self.workload = build_workload(spec.workload, spec.workload_config, spec.seed)  # the driver's: data checks
@@ -73,11 +73,13 @@ class TrainingJob:
         self.workload_args = (spec.workload, spec.workload_config.model_dump(mode="json"), spec.seed)
         # where learners and the evaluator write checkpoint files: the run's URI, or its folder
         self.store = StateStore(self.storage.uri or self.out_dir.resolve())
-        self.snapshots = Snapshots(self)  # evaluations and checkpoints
+        self.checkpoints = CheckpointFiles(self.out_dir, self.store, self.storage, keep_checkpoints)
         self.job_id = f"{spec.name}-{uuid.uuid4().hex[:6]}"
-        self.evals: list[dict] = []
         self.recovery = RecoveryLog()
         self.rollbacks = Rollbacks(self.store, self.workload.max_rollbacks, self._emit)
+        self.snapshots = Snapshots(self.checkpoints, spec.model_dump(mode="json"), self.rollbacks,
+                                   lambda record: self.report(record),  # (a caller may replace `report`)
+                                   self.workload.final_splits)  # evaluations and checkpoints, and the curve
         self.roster: Roster | None = None
         self.events: EventLog | None = None
         self._stop, self._interrupted = threading.Event(), threading.Event()
@@ -85,6 +87,11 @@ class TrainingJob:
 
     def _emit(self, *args, **fields) -> None:
         self.events.emit(*args, **fields)  # the event log is made once the run starts (`_assemble`)
+
+    @property
+    def evals(self) -> list[dict]:
+        """Each evaluation's record, in order (with a resumed run's from before)."""
+        return self.snapshots.evals
 
     @property
     def recoveries(self) -> list[dict]:
@@ -145,7 +152,7 @@ class TrainingJob:
         self._assemble()
         try:
             slots = self.elastic.start(checkpoint.learner_ids if checkpoint else [])
-            wall_before = checkpoint.restore(self, slots) if checkpoint else 0.0
+            wall_before = self._restore(checkpoint, slots) if checkpoint else 0.0
             simulate_divergence(self, slots)
             self.form_group()
             if not self.rollbacks.states:  # before the first checkpoint, a rollback goes back to the start
@@ -154,8 +161,8 @@ class TrainingJob:
             train_wall = loop.run()
             # gossip's exchanges still in flight settle on both sides before the last evaluation:
             # the actives' first, then the passives' (and a hierarchical node takes its leader's weights)
-            self.on_every_learner(lambda slot: slot.handle.settle_exchanges.remote())
-            self.on_every_learner(lambda slot: slot.handle.align_after_exchanges.remote())
+            self.elastic.on_every_learner(lambda slot: slot.handle.settle_exchanges.remote())
+            self.elastic.on_every_learner(lambda slot: slot.handle.align_after_exchanges.remote())
             self.poll_snapshot(wait=True)
             if loop.losses or not self.evals:
                 self.evaluate(mean_loss(loop.losses) if loop.losses else float("nan"), loop.start)
@@ -165,6 +172,15 @@ class TrainingJob:
             return summary
         finally:
             self.elastic.close_and_release()
+
+    def _restore(self, checkpoint: JobCheckpoint, slots) -> float:
+        """Back to `checkpoint`: the learners' states, the shard plan, the counters and the curve;
+        the wall seconds it had trained."""
+        checkpoint.restore(self.runtime, self.store, self.elastic.service, slots)
+        self.roster.retired_samples, self.rollbacks.states = checkpoint.retired_samples, checkpoint.states
+        self.snapshots.evals = checkpoint.evals
+        restore_curve(self.out_dir, self.evals)
+        return checkpoint.wall_s
 
     def _assemble(self) -> None:
         """The parts, once the runtime is connected."""
@@ -182,6 +198,8 @@ class TrainingJob:
                                capacity, self.roster, self.events, adopt_checkpoint=self.rollbacks.adopt,
                                clock=self.clock)
         self.group = Group(self.job_id, spec, self.runtime, self.roster, self.elastic, self.events)
+        self.snapshots.attach(RunningJob(self.runtime, self.roster, self.group, self.elastic, self.metrics,
+                                         self.store, self.workload_args))
 
     def form_group(self) -> None:
         """(Re-)form the group; learners that die while joining are dropped and it is formed again."""
@@ -217,16 +235,5 @@ class TrainingJob:
         self.snapshots.poll(wait)
 
     def checkpoint_location(self) -> str:
-        """Where the run's newest checkpoint is kept (`job_checkpoint.location`)."""
-        # kept, for when the staging folder it was looked up in is gone
-        self.snapshots.newest = location_of_newest(self.storage, self.out_dir, self.snapshots.newest)
-        return self.storage.locate(self.snapshots.newest) if self.storage.uri else str(self.out_dir / LATEST)
-
-    def on_every_learner(self, call: Callable, slots: list | None = None) -> dict[int, object]:
-        """`call(slot)` (a remote call) on every live learner (or on `slots`): their answers by id;
-        those that are gone are dropped."""
-        slots = self.roster.slots() if slots is None else slots
-        results, failed = self.runtime.gather({call(s): s.id for s in slots})
-        for learner_id, error in failed:
-            self.elastic.drop(learner_id, error)
-        return dict(results)
+        """Where the run's newest checkpoint is kept (`CheckpointFiles.location`)."""
+        return self.checkpoints.location()

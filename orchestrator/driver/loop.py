@@ -240,9 +240,9 @@ def roll_back(job, results: list) -> bool:
     rollbacks = job.rollbacks
     lr_scales = [s.stats.get("lr_scale", 1.0) for s in job.roster.live.values()]
     decision = rollbacks.decide(results, lr_scales, job.out_dir / LATEST)
-    job.on_every_learner(lambda s: load_entry(s.handle, job.store, *rollbacks.entry_for(s.id)))
-    job.on_every_learner(lambda s: s.handle.set_lr_scale.remote(decision.scale))
-    for learner_id, counters in job.on_every_learner(lambda s: s.handle.counters.remote()).items():
+    job.elastic.on_every_learner(lambda s: load_entry(s.handle, job.store, *rollbacks.entry_for(s.id)))
+    job.elastic.on_every_learner(lambda s: s.handle.set_lr_scale.remote(decision.scale))
+    for learner_id, counters in job.elastic.on_every_learner(lambda s: s.handle.counters.remote()).items():
         job.roster.live[learner_id].stats = counters
     rollbacks.rolled_back(decision)
     return decision.broken

@@ -6,10 +6,14 @@ instead of re-forming once they are between chunks), which learners start chunks
 who keeps a leaving learner's weights (`handover`). `strategy_for` picks one; nothing outside
 `groups/` asks a group's kind.
 
-Strategies see learners as the roster's slots (handles, nodes, speeds), never speech.
+Strategies see learners as the roster's slots (handles, nodes, speeds), never speech, and call
+none of them: what they need to know of a learner (where a member group meets, on which backend)
+the group answers through `Rendezvous`, and what they decide (`handover`) the group carries out.
 """
 
 from __future__ import annotations
+
+from typing import Protocol
 
 from orchestrator.groups.allreduce import AllreduceMember
 from orchestrator.groups.balance import batch_shares, ring_by_host, ring_by_speed
@@ -18,6 +22,17 @@ from orchestrator.groups.hierarchical import HierarchicalMember
 from orchestrator.groups.host_reduce import hosts_of
 from orchestrator.groups.solo import SoloMember
 
+
+class Rendezvous(Protocol):
+    """What a strategy may ask of learners to build members, answered by the group."""
+
+    def address(self, handle) -> str:
+        """"ip:port" where a member group hosted by this learner meets (a free port on its host)."""
+
+    def backend(self, handles) -> str:
+        """The collective backend of these learners: "nccl" when all are on CUDA, else "gloo"."""
+
+
 REBALANCE_CHANGE = 0.1  # rebalance when a learner's share would move by more than this fraction
 # (gossip: when a passive learner is more than twice this fraction faster than an active one)
 
@@ -25,9 +40,12 @@ REBALANCE_CHANGE = 0.1  # rebalance when a learner's share would move by more th
 class GroupStrategy:
     """What the driver does with a group of one (the base of every kind's strategy).
 
+    A strategy decides from the roster's books and asks no learner anything: the group
+    (`driver/group.py`) answers its questions of the learners (`Rendezvous`: where a member group
+    meets, and on which backend) and carries out what it decides (`handover`).
+
     Args:
     spec: the job spec (`group.balance`, `seed`).
-    runtime: where learners run (`orchestrator/cluster/runtime.py`).
     """
 
     name = "solo"
@@ -35,8 +53,8 @@ class GroupStrategy:
     swaps_running = False  # members are swapped in while learners run (no re-forming)
     replicas_equal = False  # every learner holds the same weights and optimizer state (one is the average)
 
-    def __init__(self, spec, runtime):
-        self.spec, self.runtime = spec, runtime
+    def __init__(self, spec):
+        self.spec = spec
         self.balance = spec.group.balance
         self.compression, self.interface = spec.group.compression, spec.group.interface
         self.node_groups: list[list[int]] = []  # hierarchical: learner ids per node, as last formed
@@ -46,7 +64,7 @@ class GroupStrategy:
         """The group's order of the live learners (ranks, ring positions)."""
         return [s.id for s in roster.slots()]
 
-    def members(self, roster) -> list:
+    def members(self, roster, rendezvous: Rendezvous) -> list:
         """One member per learner of `roster.order`."""
         return [SoloMember() for _ in roster.order]
 
@@ -63,7 +81,8 @@ class GroupStrategy:
         return None
 
     def handover(self, roster, slot) -> int | None:
-        """Before `slot` leaves cleanly: who takes its weights (None: nobody needs to)."""
+        """Before `slot` leaves cleanly: who takes its weights, by one last pairwise average (None:
+        nobody needs to)."""
         return None
 
     def shares(self, roster) -> dict[int, float]:
@@ -75,9 +94,6 @@ class GroupStrategy:
         store only their counters)."""
         return ids[:1] if self.replicas_equal else list(ids)
 
-    def _backend(self, handles) -> str:
-        devices = set(self.runtime.get([h.device.remote() for h in handles]))
-        return "nccl" if devices == {"cuda"} else "gloo"
 
 
 class GossipStrategy(GroupStrategy):
@@ -96,10 +112,10 @@ class GossipStrategy(GroupStrategy):
             return ring_by_host({s.id: s.node or "" for s in slots}, speeds)
         return ring_by_speed(speeds) if speeds else [s.id for s in slots]
 
-    def members(self, roster) -> list:
+    def members(self, roster, rendezvous: Rendezvous) -> list:
         handles = [roster.live[i].handle for i in roster.order]
         if len(handles) == 1:
-            return super().members(roster)
+            return super().members(roster, rendezvous)
         return [GossipMember(i, [handles[q] for q in ring_partners(i, len(handles))], self.spec.seed,
                              self.compression, self.interface) for i in range(len(handles))]
 
@@ -115,15 +131,10 @@ class GossipStrategy(GroupStrategy):
         return "ring" if self.order(roster) != roster.order else None
 
     def handover(self, roster, slot) -> int | None:
-        """Its ring neighbour, with one last pairwise average, so its progress stays in the group."""
+        """Its ring neighbour, so its progress stays in the group."""
         if len(roster.order) < 2 or slot.id not in roster.order:
             return None
-        neighbour = roster.order[(roster.order.index(slot.id) + 1) % len(roster.order)]
-        try:
-            self.runtime.get(roster.live[neighbour].handle.average.remote(slot.handle.weights.remote()))
-            return neighbour
-        except Exception:  # noqa: BLE001 - the neighbour or the leaver died meanwhile: only the average is lost
-            return None
+        return roster.order[(roster.order.index(slot.id) + 1) % len(roster.order)]
 
 
 class AllreduceStrategy(GroupStrategy):
@@ -132,13 +143,12 @@ class AllreduceStrategy(GroupStrategy):
     name = "allreduce"
     replicas_equal = True
 
-    def members(self, roster) -> list:
+    def members(self, roster, rendezvous: Rendezvous) -> list:
         handles = [roster.live[i].handle for i in roster.order]
-        backend = self._backend(handles)
-        ip, port = self.runtime.get([handles[0].ip.remote(), handles[0].free_port.remote()])
+        backend, address = rendezvous.backend(handles), rendezvous.address(handles[0])
         hosts = hosts_of([roster.live[i].node or "" for i in roster.order]) if self.spec.group.topology_aware \
             else None
-        return [AllreduceMember(i, len(handles), f"{ip}:{port}", backend, interface=self.interface, hosts=hosts,
+        return [AllreduceMember(i, len(handles), address, backend, interface=self.interface, hosts=hosts,
                                 compression=self.compression) for i in range(len(handles))]
 
     def shard_weights(self, roster) -> list[float] | None:
@@ -175,9 +185,9 @@ class HierarchicalStrategy(GroupStrategy):
     name = "hierarchical"
     lockstep = False
 
-    def members(self, roster) -> list:
+    def members(self, roster, rendezvous: Rendezvous) -> list:
         handles = [roster.live[i].handle for i in roster.order]
-        backend = self._backend(handles)
+        backend = rendezvous.backend(handles)
         by_node: dict[str, list[int]] = {}
         for i, learner_id in enumerate(roster.order):
             by_node.setdefault(roster.live[learner_id].node, []).append(i)
@@ -185,11 +195,11 @@ class HierarchicalStrategy(GroupStrategy):
         leaders = [idxs[0] for idxs in nodes]
         members: list = [None] * len(handles)
         for k, idxs in enumerate(nodes):
-            ip, port = self.runtime.get([handles[idxs[0]].ip.remote(), handles[idxs[0]].free_port.remote()])
+            address = rendezvous.address(handles[idxs[0]])
             ring = GossipMember(k, [handles[leaders[q]] for q in ring_partners(k, len(nodes))], self.spec.seed,
                                 self.compression, self.interface)
             for j, i in enumerate(idxs):
-                members[i] = HierarchicalMember(j, len(idxs), f"{ip}:{port}", ring if j == 0 else None, backend,
+                members[i] = HierarchicalMember(j, len(idxs), address, ring if j == 0 else None, backend,
                                                 place=i,  # every node's group joins at once: paced together
                                                 interface=self.interface)
         self.node_groups = [[roster.order[i] for i in idxs] for idxs in nodes]
@@ -205,7 +215,7 @@ class HierarchicalStrategy(GroupStrategy):
 STRATEGIES = {s.name: s for s in (GossipStrategy, AllreduceStrategy, HierarchicalStrategy)}
 
 
-def strategy_for(spec, runtime) -> GroupStrategy:
-    """The spec's `group.kind` on Ray; in this process, a group of one."""
-    cls = STRATEGIES[spec.group.kind] if runtime.distributed else GroupStrategy
-    return cls(spec, runtime)
+def strategy_for(spec, distributed: bool) -> GroupStrategy:
+    """The spec's `group.kind` on Ray (`distributed`); in this process, a group of one."""
+    cls = STRATEGIES[spec.group.kind] if distributed else GroupStrategy
+    return cls(spec)

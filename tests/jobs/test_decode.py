@@ -10,9 +10,9 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from jobs.data import load_audio, read_corpus
+from jobs.data.manifests import load_audio, read_corpus
 from jobs.decode import greedy_decode
-from jobs.features import Fbank
+from jobs.features.filterbanks import Fbank
 from jobs.models import ctc_loss
 from jobs.sections import DecodingConfig, WorkloadConfig
 from jobs.tokenizer import normalize

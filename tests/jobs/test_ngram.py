@@ -88,7 +88,7 @@ def test_beam_tokens_bounds_the_units_a_hypothesis_grows_by_per_frame():
 def test_chorus_lm_models_a_manifests_transcripts_and_decoding_kind_lm_uses_it(corpus, tmp_path):
     from click.testing import CliRunner
 
-    from jobs.data import read_corpus
+    from jobs.data.manifests import read_corpus
     from jobs.sections import WorkloadConfig
     from jobs.tokenizer import normalize
     from jobs.workload import AsrWorkload
@@ -140,7 +140,7 @@ def test_a_checkpoint_carries_its_language_model_and_decodes_where_the_file_is_n
     reader.load_state_dict(state, reader.build_model())
     log_probs, lengths = model(torch.randn(1, 120, 80), torch.tensor([120]))
     assert reader.decode(log_probs, lengths) == trained.decode(log_probs, lengths)
-    from jobs.data import DataError
+    from jobs.data.manifests import DataError
 
     with pytest.raises(DataError, match=r"^decoding.lm: .*lm.arpa: no such ARPA file"):  # a job stops before it starts
         AsrWorkload(config, seed=0).check_data()

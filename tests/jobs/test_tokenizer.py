@@ -6,7 +6,7 @@ import io
 import pytest
 import torch
 
-from jobs.data import read_corpus
+from jobs.data.manifests import read_corpus
 from jobs.sections import WorkloadConfig
 from jobs.tokenizer import BpeTokenizer, CharTokenizer, normalize
 from jobs.workload import AsrWorkload

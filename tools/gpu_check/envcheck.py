@@ -12,7 +12,7 @@ PACKAGES = ["ray", "pydantic", "pydantic_core", "jiwer", "rapidfuzz", "soundfile
             "flashlight.lib.text", "click", "numpy", "yaml", "google.protobuf", "msgpack", "packaging", "jsonschema",
             "sentencepiece", "matplotlib", "tqdm", "pyarrow", "requests", "filelock", "typing_extensions", "aiohttp",
             "grpc", "psutil"]
-CHORUS = ["orchestrator.cli", "jobs.workload", "jobs.synth", "jobs.decode", "orchestrator.learner.service",
+CHORUS = ["orchestrator.cli", "jobs.workload", "jobs.synth.corpus", "jobs.decode", "orchestrator.learner.service",
           "orchestrator.driver.job",
           "ray.util.metrics", "ray.util.placement_group"]
 

@@ -71,8 +71,8 @@ def test_a_run_folder_mirrored_to_s3_and_back(s3, tmp_path):
 def test_chorus_shards_writes_a_corpus_to_s3_and_it_streams_back_from_the_index(s3, corpus, tmp_path):
     from click.testing import CliRunner
 
-    from jobs.audio_shards import AudioShards
-    from jobs.data import DataError
+    from jobs.data.audio_shards import AudioShards
+    from jobs.data.manifests import DataError
     from jobs.sections import WorkloadConfig
     from jobs.workload import AsrWorkload
     from orchestrator.cli import main

@@ -25,7 +25,7 @@ SMALL_MODEL = ["model.subsample_channels=8", "model.d_model=32", "model.hidden=3
 
 
 def _data(corpus) -> list[str]:
-    from jobs.synth import data_overrides
+    from jobs.synth.corpus import data_overrides
 
     return data_overrides(corpus)
 

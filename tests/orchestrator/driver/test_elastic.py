@@ -4,7 +4,7 @@ join and wait for capacity on real local Ray clusters."""
 import numpy as np
 import pytest
 
-from jobs.data import shard_batches
+from jobs.data.manifests import shard_batches
 from orchestrator.service.shards import ShardPlanner
 
 

@@ -55,6 +55,19 @@ def test_an_allreduce_group_hands_each_learner_its_rank_and_waits_for_the_plan(t
     assert all(slot.in_group for slot in roster.live.values())
 
 
+def test_a_gossip_leaver_s_weights_go_to_its_ring_neighbour_by_one_average(tmp_path):
+    group, roster, _, _, fakes = _group(tmp_path, "gossip", 3)
+    for fake in fakes:
+        fake.answers.update(weights=f"weights of {fake.id}", average=lambda weights: None)
+    assert group.form() is False
+    leaver = roster.live[roster.order[-1]]
+    keeper = group.handover(leaver)
+    assert keeper == roster.order[0]  # the ring wraps round
+    assert roster.live[keeper].handle.called("average") == [(f"weights of {leaver.id}",)]
+    roster.live[keeper].handle.die()
+    assert group.handover(leaver) is None  # the keeper died meanwhile: only the average is lost
+
+
 def test_a_learner_that_dies_while_joining_is_dropped_and_the_group_forms_again_without_it(tmp_path):
     group, roster, elastic, _, fakes = _group(tmp_path, "allreduce", 3)
     fakes[1].die()

@@ -3,7 +3,7 @@ import json
 import pytest
 import torch
 
-from jobs.data import read_corpus
+from jobs.data.manifests import read_corpus
 from jobs.tokenizer import BpeTokenizer, normalize
 from orchestrator.checkpoint.files import load
 from orchestrator.driver.job import TrainingJob

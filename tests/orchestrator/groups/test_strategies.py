@@ -1,6 +1,6 @@
 """The group strategies without Ray (`groups/strategies.py`): what each kind decides from the
 roster's books (order, shard weights, when to rebalance, who keeps a leaver's weights, which
-learners start chunks together), over fake learners."""
+learners start chunks together), over fake learners, none of which a strategy calls."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from orchestrator.driver.metrics import JobMetrics
 from orchestrator.driver.roster import LearnerSlot, Roster
 from orchestrator.groups.strategies import AllreduceStrategy, GossipStrategy, HierarchicalStrategy, strategy_for
 from tests.builders import linear_spec
-from tests.doubles import FakeLearner, FakeRuntime
+from tests.doubles import FakeLearner
 
 pytestmark = pytest.mark.unit
 
@@ -27,14 +27,24 @@ def _roster(tmp_path, speeds: dict[int, float | None], nodes: dict[int, str] | N
 
 
 def _strategy(kind: str, **group):
-    return strategy_for(linear_spec(learners=4, group={"kind": kind, **group}), FakeRuntime())
+    return strategy_for(linear_spec(learners=4, group={"kind": kind, **group}), distributed=True)
+
+
+class Rendezvous:
+    """The group's answers to a strategy (`strategies.Rendezvous`), made up: each host a port."""
+
+    def address(self, handle) -> str:
+        return f"10.0.0.{handle.id}:29500"
+
+    def backend(self, handles) -> str:
+        return "gloo"
 
 
 def test_each_kind_has_its_strategy_and_one_process_has_a_group_of_one():
     assert isinstance(_strategy("allreduce"), AllreduceStrategy)
     assert isinstance(_strategy("gossip"), GossipStrategy) and _strategy("gossip").swaps_running
     assert isinstance(_strategy("hierarchical"), HierarchicalStrategy)
-    local = strategy_for(linear_spec(learners=1), type("Local", (), {"distributed": False})())
+    local = strategy_for(linear_spec(learners=1), distributed=False)
     assert local.name == "solo" and local.lockstep
 
 
@@ -65,17 +75,17 @@ def test_a_leaving_gossip_learner_hands_its_weights_to_its_ring_neighbour(tmp_pa
     strategy = _strategy("gossip")
     roster = _roster(tmp_path, {0: 1.0, 1: 1.0, 2: 1.0})
     assert strategy.handover(roster, roster.live[2]) == 0  # the ring wraps round
-    assert roster.live[0].handle.called("average")
-    roster.live[0].handle.die()
-    assert strategy.handover(roster, roster.live[2]) is None  # the neighbour died: only the average is lost
+    assert strategy.handover(roster, roster.live[0]) == 1
+    assert not any(slot.handle.calls for slot in roster.live.values())  # it decides; the group averages
     assert _strategy("allreduce").handover(roster, roster.live[2]) is None  # replicas are equal: nothing to keep
 
 
 def test_hierarchical_members_of_one_node_start_their_chunks_together(tmp_path):
     strategy = _strategy("hierarchical")
     roster = _roster(tmp_path, {0: 1.0, 1: 1.0, 2: 1.0, 3: 1.0}, nodes={0: "a", 1: "b", 2: "a", 3: "b"})
-    members = strategy.members(roster)
+    members = strategy.members(roster, Rendezvous())
     assert strategy.node_groups == [[0, 2], [1, 3]]
+    assert [m.node_address for m in members] == ["10.0.0.0:29500", "10.0.0.1:29500"] * 2  # its first hosts a node
     assert [m.leader is not None for m in members] == [True, True, False, False]  # a node's first leads it
     roster.drop(3, "gone")
     assert strategy.dispatch_units(roster) == [[0, 2], [1]]

@@ -6,7 +6,7 @@ resumed cursor reads the adopted part from where it was."""
 
 import pytest
 
-from jobs.audio_shards import write_audio_shards
+from jobs.data.audio_shards import write_audio_shards
 from jobs.sections import WorkloadConfig
 from jobs.workload import AsrWorkload
 from orchestrator.learner.data_cursor import DataCursor

@@ -1,4 +1,4 @@
-"""Training from audio shards (`jobs.audio_shards`, at a folder or an `s3://` URI): which shards
+"""Training from audio shards (`jobs.data.audio_shards`, at a folder or an `s3://` URI): which shards
 each learner streams in each epoch, and its batches cut as the shards stream in.
 
 Nothing reads the corpus to plan it: an epoch's shards are dealt to the ranks from the index's
@@ -26,14 +26,14 @@ from pathlib import Path
 
 import numpy as np
 
-from jobs.audio_shards import INDEX, AudioShards, ShardUtterance
-from jobs.augment import Augment, Draws
-from jobs.batch import Batch, padded_batch
-from jobs.data import TOO_LONG, AudioError, DataError, SkipReport
-from jobs.device_features import AudioBatch
-from jobs.features import Fbank, normalized
-from jobs.mel_augment import MelAugment
-from jobs.pipeline import HeapTrimmer, Prefetcher
+from jobs.data.audio_shards import INDEX, AudioShards, ShardUtterance
+from jobs.data.batch import Batch, padded_batch
+from jobs.data.manifests import TOO_LONG, AudioError, DataError, SkipReport
+from jobs.data.pipeline import HeapTrimmer, Prefetcher
+from jobs.features.augment import Augment, Draws
+from jobs.features.device import AudioBatch
+from jobs.features.filterbanks import Fbank, normalized
+from jobs.features.mel_augment import MelAugment
 
 TOKENIZER_SENTENCES = 10_000  # transcripts a BPE tokenizer learns from: a sample, whatever the corpus's size
 # (50,000 made a 100,000-utterance corpus's jobs start 4-5 s later than a 10,000-utterance one's)
@@ -79,7 +79,7 @@ class StreamCorpus:
     the i-th member over the shards in the index's order. `tokenizer` is asked for the tokenizer
     when a batch is made; with `on_device`, batches carry the waveforms and augmentation draws
     for the learner's device to compute their features; with `shard_features`, features come from
-    the log-mel power the shards carry (augmented by `jobs.mel_augment`), no audio is decoded."""
+    the log-mel power the shards carry (augmented by `jobs.features.mel_augment`), no audio is decoded."""
 
     def __init__(self, source, fbank: Fbank, tokenizer: Callable, max_seconds: float = math.inf,
                  augment: Augment | None = None, on_device: bool = False, shard_features: bool = False):

@@ -32,9 +32,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from jobs import tar_stream
-from jobs.data import AudioError, DataError, load_audio, read_corpus
-from jobs.features import Fbank
+from jobs.data import tar_stream
+from jobs.data.manifests import AudioError, DataError, load_audio, read_corpus
+from jobs.features.filterbanks import Fbank
 
 INDEX = "shards.json"
 TEXTS = "texts.txt"
@@ -56,7 +56,7 @@ class ShardUtterance:
 
     @property
     def waveform(self) -> torch.Tensor:
-        """Mono float32 at 16 kHz (`jobs.data.load_audio`: raises AudioError when unreadable)."""
+        """Mono float32 at 16 kHz (`jobs.data.manifests.load_audio`: raises AudioError when unreadable)."""
         return load_audio(io.BytesIO(self.audio))
 
     @property

@@ -1,4 +1,4 @@
-"""The input pipeline (jobs/pipeline.py): the feature cache keeps to its bound and drops the least
+"""The input pipeline (jobs/data/pipeline.py): the feature cache keeps to its bound and drops the least
 recently used first, gives back exactly what it was given, and costs no more memory than its
 bound; the prefetcher hands over everything in order, raises its source's error where it happened
 and stops when closed; a learner's batches are the same with and without prefetch and with a
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from jobs.pipeline import FeatureCache, Prefetcher
+from jobs.data.pipeline import FeatureCache, Prefetcher
 from jobs.sections import WorkloadConfig
 from jobs.workload import AsrWorkload
 
@@ -64,7 +64,7 @@ def test_the_cache_gives_back_each_tensor_as_it_was_put_and_a_copy_of_it():
 CHURN = """
 import ctypes, json, random, sys, torch
 ctypes.CDLL(None).prctl(41, 1, 0, 0, 0)  # PR_SET_THP_DISABLE: the resident set counted in pages, not 2 MB steps
-from jobs.pipeline import FeatureCache
+from jobs.data.pipeline import FeatureCache
 def rss():
     return int(next(l.split()[1] for l in open("/proc/self/status") if l.startswith("VmRSS"))) / 1024
 torch.manual_seed(0)
@@ -83,7 +83,7 @@ print(json.dumps({"peak_mb": peak, "cached_mb": cache.nbytes / 2**20}))
 def _churn_peak_mb(*cache_mb: float) -> list[dict]:
     """The churn's peak through each cache size, each in a process of its own (run side by side:
     each measures only its own memory)."""
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     env = {**os.environ, "MALLOC_ARENA_MAX": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)}
     runs = [subprocess.Popen([sys.executable, "-c", CHURN, str(mb)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True, env=env, cwd=root) for mb in cache_mb]
@@ -169,7 +169,7 @@ def test_the_heap_trimmer_hands_freed_heap_back_every_nth_call():
     behind one kept block stay resident until the trimmer's third call."""
     code = """
 from pathlib import Path
-from jobs.pipeline import HeapTrimmer
+from jobs.data.pipeline import HeapTrimmer
 def rss_mb():
     line = next(l for l in Path("/proc/self/status").read_text().splitlines() if l.startswith("VmRSS:"))
     return int(line.split()[1]) / 1024
@@ -181,7 +181,7 @@ before = rss_mb(); trim(); trim(); held = rss_mb(); trim()
 print(before, held, rss_mb())
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=Path(__file__).resolve().parents[2]).stdout
+                         cwd=Path(__file__).resolve().parents[3]).stdout
     before, held, after = map(float, out.split())
     assert held > before - 10  # two calls: nothing trimmed yet
     assert after < held - 100  # the third: the freed 125 MB is gone from resident memory

@@ -1,4 +1,4 @@
-"""Batches prepared in worker processes (`data.workers`, jobs/worker_batches.py): the same batches
+"""Batches prepared in worker processes (`data.workers`, jobs/data/worker_batches.py): the same batches
 and augmentation draws as the learner's own process prepares, a resumed position and a shard
 left midway for another (a resize) as on the thread path, and unreadable files counted in the
 learner's corpus, not lost in a worker."""
@@ -107,7 +107,7 @@ def test_learner_actors_with_worker_processes_train_every_utterance_once_across_
 
 @pytest.mark.unit
 def test_unset_workers_are_the_learners_cpus_but_one_with_a_gpu_and_none_without(monkeypatch):
-    from jobs.worker_batches import default_workers
+    from jobs.data.worker_batches import default_workers
 
     monkeypatch.setattr(torch, "get_num_threads", lambda: 8)  # cpus_per_learner: 8
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from jobs.open_text import FORTUNES, sentences, spell_out, split_sentences
-from jobs.synth import (
+from jobs.synth.corpus import (
     FESTIVAL_TRAIN_VOICES,
     FLITE_TRAIN_VOICES,
     SPLITS,
@@ -26,6 +25,7 @@ from jobs.synth import (
     use_festival,
     use_flite,
 )
+from jobs.synth.open_text import FORTUNES, sentences, spell_out, split_sentences
 from jobs.tokenizer import CharTokenizer
 
 pytestmark = pytest.mark.unit

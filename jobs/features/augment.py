@@ -2,7 +2,7 @@
 factor of a list, as Kaldi's and ESPnet's recipes do: tempo and pitch together), reverberation by
 a synthetic room impulse response, and additive white noise at a random SNR, in that order (a room
 first, then the microphone's noise). `warp` draws an utterance's vocal tract length perturbation
-factor, which the filterbank applies (`jobs/features.py`, as SpecAugment).
+factor, which the filterbank applies (`jobs/features/filterbanks.py`, as SpecAugment).
 
 What an utterance hears is a function of (seed, epoch, utterance index) alone: the same run hears
 the same thing again, whatever learner or thread prepares the batch, and each epoch hears each
@@ -75,7 +75,7 @@ class Draws:
     """What augmentation draws for one utterance of one epoch: its speed factor, a room impulse
     response (None: no reverberation), white noise of the sped-up length and its SNR in dB (None:
     no noise), and its VTLP warp. Drawn on the CPU from the utterance's own generators, applied
-    there (`Augment.apply`) or batched on the learner's device (`jobs.device_features`)."""
+    there (`Augment.apply`) or batched on the learner's device (`jobs.features.device`)."""
 
     speed: float = 1.0
     rir: torch.Tensor | None = None
@@ -135,7 +135,7 @@ class Augment:
 
     def choices(self, epoch: int, index: int) -> Choices:
         """What augmentation chose for utterance `index` in `epoch`, before anything is built from it:
-        the waveform's draws (`draws`) and the filterbank domain's (`jobs.mel_augment`) agree."""
+        the waveform's draws (`draws`) and the filterbank domain's (`jobs.features.mel_augment`) agree."""
         c = self.config
         # each kind draws from a stream of its own, so switching one kind on or off changes nothing
         # of what the others do to the same utterance

@@ -1,12 +1,12 @@
-"""Waveform augmentation (jobs/augment.py): each kind does what it says, seeded per (seed, epoch,
+"""Waveform augmentation (jobs/features/augment.py): each kind does what it says, seeded per (seed, epoch,
 utterance), and only training batches see it."""
 
 import pytest
 import torch
 import torchaudio.functional as AF
 
-from jobs.augment import Augment, reverberate, speed_resampler, synthetic_rir
-from jobs.features import Fbank
+from jobs.features.augment import Augment, reverberate, speed_resampler, synthetic_rir
+from jobs.features.filterbanks import Fbank
 from jobs.sections import AugmentConfig, WorkloadConfig
 from jobs.workload import AsrWorkload
 

@@ -1,4 +1,4 @@
-"""Audio shards (jobs/audio_shards.py, `chorus shards`): a manifest packed into tar shards at a
+"""Audio shards (jobs/data/audio_shards.py, `chorus shards`): a manifest packed into tar shards at a
 folder reads back as the same utterances, texts, durations and samples (and, written with
 features, their log-mel power), shard by shard, from the index's names alone; a location without
 shards, or one that cannot be opened, is one line."""
@@ -6,9 +6,9 @@ shards, or one that cannot be opened, is one line."""
 import pytest
 import torch
 
-from jobs.audio_shards import AudioShards, write_audio_shards
-from jobs.data import AudioError, DataError, load_audio, read_corpus
-from jobs.features import Fbank
+from jobs.data.audio_shards import AudioShards, write_audio_shards
+from jobs.data.manifests import AudioError, DataError, load_audio, read_corpus
+from jobs.features.filterbanks import Fbank
 
 pytestmark = pytest.mark.unit
 

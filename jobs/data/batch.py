@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from jobs.device_features import AudioBatch, DeviceFeatures
+from jobs.features.device import AudioBatch, DeviceFeatures
 
 
 @dataclass

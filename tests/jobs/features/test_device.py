@@ -1,4 +1,4 @@
-"""Features computed on the learner's device (`features.compute_on: device`, jobs/device_features.py)
+"""Features computed on the learner's device (`features.compute_on: device`, jobs/features/device.py)
 equal the CPU path's, utterance by utterance, with every augmentation on: the same draws, the same
 speed, room, noise and warp, batched. Run here on the CPU, so CI covers the arithmetic the GPU runs."""
 

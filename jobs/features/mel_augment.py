@@ -29,8 +29,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from jobs.augment import RIR_TAIL, Augment, Choices
-from jobs.features import FLOOR, SAMPLE_RATE, Fbank, normalized, vtlp_frequencies
+from jobs.features.augment import RIR_TAIL, Augment, Choices
+from jobs.features.filterbanks import FLOOR, SAMPLE_RATE, Fbank, normalized, vtlp_frequencies
 
 HOP_S = 0.01  # the filterbank's frame shift (160 samples)
 HZ_GRID = torch.linspace(0.0, SAMPLE_RATE / 2, 801, dtype=torch.float64)  # where VTLP's warp is read

@@ -1,4 +1,4 @@
-"""Training from audio shards (jobs/shard_stream.py): each epoch's shards dealt to the ranks from
+"""Training from audio shards (jobs/data/shard_stream.py): each epoch's shards dealt to the ranks from
 the index alone, every utterance once per epoch; batches with the manifest's utterances, texts and
 features; a resumed stream carrying on from its position; a shard cut short, one that cannot be
 read and an unreadable member skipped, counted by name, and passed over."""
@@ -9,10 +9,10 @@ import tarfile
 import pytest
 import torch
 
-from jobs.audio_shards import AudioShards, ShardUtterance, write_audio_shards
-from jobs.data import DataError
+from jobs.data.audio_shards import AudioShards, ShardUtterance, write_audio_shards
+from jobs.data.manifests import DataError
+from jobs.data.shard_stream import CUT_SHORT, UNREADABLE_SHARD, plan_shards
 from jobs.sections import WorkloadConfig
-from jobs.shard_stream import CUT_SHORT, UNREADABLE_SHARD, plan_shards
 from jobs.workload import AsrWorkload
 
 

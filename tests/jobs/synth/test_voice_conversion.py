@@ -1,11 +1,11 @@
-"""WORLD voice conversion (jobs/voice_conversion.py) and chorus synth's converted voices."""
+"""WORLD voice conversion (jobs/synth/voice_conversion.py) and chorus synth's converted voices."""
 
 import numpy as np
 import pytest
 import soundfile as sf
 
-from jobs import voice_conversion
-from jobs.synth import (
+from jobs.synth import voice_conversion
+from jobs.synth.corpus import (
     FESTIVAL_TRAIN_VOICES,
     FLITE_TRAIN_VOICES,
     SPLITS,

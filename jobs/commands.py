@@ -1,17 +1,23 @@
-"""`chorus synth`, `features`, `shards` and `lm`: the workload's data tools, reached through the
-workload registry (`orchestrator/workload.py`)."""
+"""The ASR workload's data tools, as commands of `chorus` (the workload registry names this list as
+`asr`'s `commands`; the CLI adds them to its group): `synth` (a speech corpus made here),
+`features` (filterbanks precomputed into shards), `shards` (audio packed into tar shards at a
+folder or URI) and `lm` (a word n-gram language model). Each prints what it made as one JSON line.
+Importing this module loads nothing but click: each command imports its tool when it runs."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import click
 
-from orchestrator.base import strict_json
-from orchestrator.cli.app import main
+
+def _json(summary: dict) -> str:
+    """One line of JSON; a non-finite number is an error, not `NaN` (as everything Chorus prints)."""
+    return json.dumps(summary, allow_nan=False)
 
 
-@main.command()
+@click.command()
 @click.argument("out", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--utterances", default=2000, show_default=True, help="Training utterances.")
 @click.option("--eval-utterances", type=int, default=None,
@@ -30,18 +36,17 @@ from orchestrator.cli.app import main
               help="openvocab: share of test words held out of training text.")
 def synth(out, utterances, eval_utterances, seed, workers, engines, task, hours, oov_share):
     """Synthesize an offline multi-voice, multi-engine speech corpus into OUT."""
-    from orchestrator.workload import workload_part
+    from jobs.synth.corpus import SynthError, synthesize
 
-    synthesize = workload_part("asr", "synthesize")
     try:
         summary = synthesize(out, utterances=utterances, eval_utterances=eval_utterances, seed=seed, workers=workers,
                              engines=engines, task=task, hours=hours, oov_share=oov_share)
-    except workload_part("asr", "synth_error") as exc:  # a voice or an engine is missing
+    except SynthError as exc:  # a voice or an engine is missing
         raise click.ClickException(str(exc)) from None
-    click.echo(strict_json.dumps(summary))
+    click.echo(_json(summary))
 
 
-@main.command()
+@click.command()
 @click.argument("manifest", type=click.Path(exists=True, path_type=Path))
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True,
               help="The features folder: a corpus source for data.train/dev/test (`features.json` and shards).")
@@ -50,13 +55,12 @@ def synth(out, utterances, eval_utterances, seed, workers, engines, task, hours,
 def features(manifest, out, mel_bins, shard_mb):
     """Precompute the filterbanks of MANIFEST (a .jsonl manifest or a LibriSpeech-layout directory)
     into shards in OUT, which learners read instead of decoding audio."""
-    from orchestrator.workload import workload_part
+    from jobs.data.feature_shards import write_shards
 
-    write_shards = workload_part("asr", "features")
-    click.echo(strict_json.dumps(write_shards(manifest, out, num_mel_bins=mel_bins, shard_mb=shard_mb)))
+    click.echo(_json(write_shards(manifest, out, num_mel_bins=mel_bins, shard_mb=shard_mb)))
 
 
-@main.command()
+@click.command()
 @click.argument("manifest", type=click.Path(exists=True, path_type=Path))
 @click.option("--out", required=True, help="A folder or a URI pyarrow.fs opens (s3://bucket/path?endpoint_override=...).")
 @click.option("--shard-mb", default=64.0, show_default=True, help="Audio bytes per shard.")
@@ -66,25 +70,28 @@ def features(manifest, out, mel_bins, shard_mb):
 def shards(manifest, out, shard_mb, mel_bins):
     """Pack MANIFEST's audio and transcripts into WebDataset-style tar shards at OUT (`shards.json`
     indexes them), for learners to stream."""
-    from orchestrator.workload import workload_part
+    from jobs.data.audio_shards import write_audio_shards
+    from jobs.data.manifests import DataError
 
     try:
-        click.echo(strict_json.dumps(workload_part("asr", "shards")(manifest, out, shard_mb=shard_mb,
-                                                                    mel_bins=mel_bins)))
-    except workload_part("asr", "input_error") as exc:
+        click.echo(_json(write_audio_shards(manifest, out, shard_mb=shard_mb, mel_bins=mel_bins)))
+    except DataError as exc:
         raise click.ClickException(str(exc)) from None
 
 
-@main.command()
+@click.command()
 @click.argument("text", type=click.Path(path_type=Path))
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True, help="The ARPA file to write.")
 @click.option("--order", default=3, show_default=True, type=click.IntRange(1, 6), help="The n-gram order.")
 def lm(text, out, order):
     """Estimate a word n-gram language model (interpolated Kneser-Ney) of TEXT (a .jsonl manifest's
     transcripts, or a text file of one sentence a line) into OUT, for `decoding.kind: lm`."""
-    from orchestrator.workload import workload_part
+    from jobs.ngram import write_lm
 
     try:
-        click.echo(strict_json.dumps(workload_part("asr", "lm")(text, out, order)))
+        click.echo(_json(write_lm(text, out, order)))
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
+
+
+COMMANDS = [synth, features, shards, lm]

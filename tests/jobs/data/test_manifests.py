@@ -6,10 +6,10 @@ import pytest
 import soundfile as sf
 import torch
 
-from jobs.data import SkipReport, load_audio, read_corpus, shard_batches
-from jobs.features import Fbank
+from jobs.data.corpus import Corpus
+from jobs.data.manifests import SkipReport, load_audio, read_corpus, shard_batches
+from jobs.features.filterbanks import Fbank
 from jobs.tokenizer import CharTokenizer
-from jobs.workload import Corpus
 
 pytestmark = pytest.mark.unit
 
@@ -161,7 +161,7 @@ def test_skip_report_logs_each_path_once(caplog):
 
 
 def test_features_shape_normalization_and_specaugment_only_in_training(corpus):
-    from jobs.features import SpecAugment
+    from jobs.features.filterbanks import SpecAugment
     from jobs.sections import FeatureConfig
 
     utts, _ = read_corpus(corpus / "dev.jsonl")
@@ -201,7 +201,7 @@ def test_lines_that_are_not_utf8_are_skipped_and_counted_with_file_and_line(corp
 
 
 def test_an_utterance_longer_than_the_limit_is_skipped_without_loading_it(tmp_path, monkeypatch, caplog):
-    from jobs.data import AudioError
+    from jobs.data.manifests import AudioError
     from jobs.sections import DataConfig
 
     assert DataConfig(train=tmp_path).max_utterance_seconds == 60.0

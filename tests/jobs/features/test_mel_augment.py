@@ -1,4 +1,4 @@
-"""Augmentation in the log-mel domain (jobs/mel_augment.py), for shards that carry features: each
+"""Augmentation in the log-mel domain (jobs/features/mel_augment.py), for shards that carry features: each
 kind does to an utterance's precomputed log-mel power what it does to its waveform's filterbank
 (speed, VTLP, a room, noise; compared on synthesized speech), from the same choices, the same
 for the same (epoch, utterance) and new each epoch."""
@@ -6,10 +6,10 @@ for the same (epoch, utterance) and new each epoch."""
 import pytest
 import torch
 
-from jobs.augment import Augment
-from jobs.data import load_audio, read_corpus
-from jobs.features import Fbank
-from jobs.mel_augment import MelAugment
+from jobs.data.manifests import load_audio, read_corpus
+from jobs.features.augment import Augment
+from jobs.features.filterbanks import Fbank
+from jobs.features.mel_augment import MelAugment
 from jobs.sections import AugmentConfig
 
 pytestmark = pytest.mark.unit

@@ -1,6 +1,6 @@
 """A training batch's augmentation and filterbanks, batched on the learner's device
 (`features.compute_on`): the input path (worker processes, on the CPU) decodes audio and draws each
-utterance's augmentation (`jobs.augment.Draws`, from the same (seed, epoch, utterance) streams as
+utterance's augmentation (`jobs.features.augment.Draws`, from the same (seed, epoch, utterance) streams as
 the CPU path); speed perturbation, reverberation, noise, the (VTLP-warped) filterbanks and the
 per-utterance normalization run here, on the whole padded batch at once, where the model is.
 
@@ -8,7 +8,7 @@ The result is the CPU path's (`Augment.apply` then `Fbank` per utterance) to flo
 stage masks what lies past an utterance's own length, so padding never leaks into it; each
 utterance is reflect-padded at its own ends before the STFT, as the per-utterance `center=True`
 STFT pads it; and a reverberation's FFT is longer, which changes only rounding.
-`tests/jobs/test_device_features.py` states the tolerance.
+`tests/jobs/features/test_device.py` states the tolerance.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import torch
 import torchaudio.functional as AF
 
-from jobs.augment import Draws, sped_length, speed_resampler
-from jobs.features import SAMPLE_RATE, Fbank
+from jobs.features.augment import Draws, sped_length, speed_resampler
+from jobs.features.filterbanks import SAMPLE_RATE, Fbank
 
 N_FFT, HOP = 400, 160  # Fbank's 25 ms window, 10 ms hop
 

@@ -28,8 +28,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from jobs.data import TOO_LONG, AudioError, DataError, SkipReport, Utterance, load_audio, read_corpus
-from jobs.features import Fbank
+from jobs.data.manifests import TOO_LONG, AudioError, DataError, SkipReport, Utterance, load_audio, read_corpus
+from jobs.features.filterbanks import Fbank
 
 INDEX = "features.json"
 FORMAT_VERSION = 1

@@ -62,7 +62,7 @@ class Fbank:
     @torch.no_grad()
     def log_mel(self, waveform: torch.Tensor, warp: float = 1.0) -> torch.Tensor:
         """Log-mel power (frames, num_mel_bins), not normalized: what audio shards may carry
-        precomputed (`chorus shards --features`), augmented in this domain by `jobs.mel_augment`."""
+        precomputed (`chorus shards --features`), augmented in this domain by `jobs.features.mel_augment`."""
         if warp == 1.0:
             mel = self._mel(waveform.float())  # (n_mels, frames)
         else:

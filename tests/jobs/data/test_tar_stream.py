@@ -1,4 +1,4 @@
-"""Reading a tar stream (jobs/tar_stream.py): the same members, names and bytes as `tarfile`
+"""Reading a tar stream (jobs/data/tar_stream.py): the same members, names and bytes as `tarfile`
 reads, in every format `tarfile` writes (with long names); folders passed over; a corrupted
 header or an archive cut inside a member raises `tarfile.ReadError`; one cut between members ends."""
 
@@ -8,7 +8,7 @@ import tarfile
 
 import pytest
 
-from jobs.tar_stream import members
+from jobs.data.tar_stream import members
 
 pytestmark = pytest.mark.unit
 

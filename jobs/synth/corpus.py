@@ -2,7 +2,7 @@
 
 Speaks one of two tasks: `commands`, random 2-6-word sentences over a fixed 38-word command
 vocabulary, or `openvocab`, sentences of real English from Debian's `fortunes` quotations
-(`jobs/open_text.py`: an open vocabulary, numbers spelled out, a share of test words never in
+(`jobs/synth/open_text.py`: an open vocabulary, numbers spelled out, a share of test words never in
 training text), as many as `--hours` of training speech asks. Two engines speak:
 espeak-ng (formant synthesis), loaded through ctypes from the `espeakng-loader` wheel, and, where
 Debian's `festival` and its English voices are installed (`make test-deps`), Festival: two diphone
@@ -20,7 +20,7 @@ Festival only) a synthesizer never heard in training. With `engines="espeak,fest
 flite speaks too: two of its clustergen voices (statistical parametric synthesis like HTS's, by
 another engine and other speakers than the held-out one) join the training voices. With
 `engines="espeak,festival,flite,world"`, those four male Festival and flite voices are also heard
-converted by the WORLD vocoder (`jobs/voice_conversion.py`: pitch and formants raised, envelope
+converted by the WORLD vocoder (`jobs/synth/voice_conversion.py`: pitch and formants raised, envelope
 smoothed) as four more training voices ("world:<voice>"). Everything is a function of the seed and
 of the engines used (`corpus.json` names them).
 """
@@ -44,8 +44,8 @@ import torch
 import torchaudio
 from tqdm import tqdm
 
-from jobs import open_text, voice_conversion
-from jobs.open_text import TextSplit
+from jobs.synth import open_text, voice_conversion
+from jobs.synth.open_text import TextSplit
 
 VOCABULARY = (
     "zero one two three four five six seven eight nine yes no up down left right on off stop go "
@@ -468,7 +468,7 @@ def synthesize(out: str | Path, utterances: int = 2000, eval_utterances: int | N
     """Write the corpus under `out`; returns a summary (counts and hours per split, engines,
     voices; for `openvocab`, the test's out-of-vocabulary rate). `engines`: see `use_festival`
     and `use_flite`.
-    `task`: `commands` or `openvocab` (`jobs/open_text.py`; `oov_share` of its test words held
+    `task`: `commands` or `openvocab` (`jobs/synth/open_text.py`; `oov_share` of its test words held
     out of training text); `hours`: as many training utterances as make about that much speech
     (instead of `utterances`).
 

@@ -1,4 +1,4 @@
-"""Precomputed features (jobs/feature_shards.py, `chorus features`): a features folder reads as the
+"""Precomputed features (jobs/data/feature_shards.py, `chorus features`): a features folder reads as the
 corpus it was made from (same utterances, texts and durations, the same filterbanks to float16's
 precision, the same batches); a spec whose mel bins differ, a shard cut short, an unfinished
 folder and test-time warps (which need audio) each give one line naming the file (the utterance,
@@ -11,8 +11,8 @@ import json
 import pytest
 import torch
 
-from jobs.data import DataError
-from jobs.feature_shards import INDEX, FeatureShards, is_features_folder, write_shards
+from jobs.data.feature_shards import INDEX, FeatureShards, is_features_folder, write_shards
+from jobs.data.manifests import DataError
 from jobs.sections import WorkloadConfig
 from jobs.workload import AsrWorkload
 from tests.builders import run_cli
