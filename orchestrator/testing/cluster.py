@@ -105,8 +105,8 @@ def start_worker_node(address: str, cpus: int, resources: dict | None = None) ->
     own process group (`Cluster.add_node` installs signal handlers, which only the main thread
     may do). Stop it with `stop_worker_node`."""
     ray_cli = Path(sys.executable).parent / "ray"
-    return subprocess.Popen([str(ray_cli), "start", "--address", address, "--num-cpus", str(cpus),
-                             "--resources", json.dumps(resources or {}), "--block", "--disable-usage-stats"],
+    return subprocess.Popen([str(ray_cli), "start", "--address", address, "--num-cpus", str(cpus), "--resources",
+                             json.dumps(resources or {}, allow_nan=False), "--block", "--disable-usage-stats"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
 
 
