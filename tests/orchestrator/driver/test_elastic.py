@@ -150,6 +150,75 @@ def _wait_for(what: str, condition, job_thread, timeout: float = 120.0):
     """The shared wait (`orchestrator.testing.cluster.wait_until`), failing as soon as the job ended."""
     return wait_until(what, condition, timeout, poll=0.2, job=job_thread)
 
+@pytest.mark.slow
+@pytest.mark.own_process
+@pytest.mark.parametrize("kind", ["gossip", "allreduce", "hierarchical"])
+def test_chaos_kill_a_learner_lose_a_node_gain_a_node(chaos_cluster, tmp_path, kind):
+    import ray
+
+    cluster, node_a, node_b = chaos_cluster
+    spec = parse_spec({
+        "name": f"chaos-{kind}", "learners": {"min": 2, "max": 3, "wait_timeout_s": 120},
+        "learner_resources": {"learner_slot": 1}, "group": {"kind": kind},
+        **LINEAR, "budget": {"epochs": 10_000, "wall_seconds": 400}})
+    job = TrainingJob(spec, tmp_path)
+    thread = run_in_thread(job)
+    outcome = thread.outcome
+    events = lambda kind, **match: [e for e in (job.events.recorded if job.events else [])  # noqa: E731
+                                    if e["kind"] == kind and all(e.get(k) == v for k, v in match.items())]
+    stepping = lambda cause, learner: [r for r in job.recoveries  # noqa: E731
+                                       if r["cause"] == cause and r["learner"] == learner and r["stepping_at"]]
+    _wait_for("3 learners and a first evaluation", lambda: len(events("join")) == 3 and job.evals, thread)
+
+    # 1. kill one learner on node A: it is dropped, its slot is placed again, a new learner joins
+    on_a = [s for s in job.roster.live.values() if s.node == node_a.node_id]
+    victim = on_a[0].id
+    ray.kill(on_a[0].handle)
+    _wait_for("the killed learner's failure", lambda: events("failure", learner=victim), thread)
+    replacement = _wait_for("a replacement joining", lambda: [e for e in events("join") if e["learner"] > 2],
+                            thread)[0]["learner"]
+    _wait_for("the group stepping with the replacement", lambda: stepping("join", replacement), thread)
+
+    # 2. remove node B with its learner: dropped, the job goes on with the two on A (= min)
+    on_b = [s.id for s in job.roster.live.values() if s.node == node_b.node_id]
+    assert len(on_b) == 1
+    cluster.remove_node(node_b, allow_graceful=False)
+    _wait_for("node B's learner failing", lambda: events("failure", learner=on_b[0]), thread)
+    _wait_for("the group stepping without it", lambda: stepping("failure", on_b[0]), thread)
+    assert len(job.roster.live) == 2
+
+    # 3. add node C: the slot that was waiting for capacity is placed there and its learner joins
+    node_c = cluster.add_node(num_cpus=1, resources={"learner_slot": 1})
+    newcomer = _wait_for("a learner joining on node C", lambda: events("join", node=node_c.node_id),
+                         thread)[0]["learner"]
+    _wait_for("the group stepping with it", lambda: stepping("join", newcomer), thread)
+    steps_then = max(s.stats["step"] for s in job.roster.live.values())
+    _wait_for("a few more steps", lambda: max(s.stats.get("step", 0) for s in job.roster.live.values())
+              >= steps_then + 8, thread)
+    job.stop()
+    thread.join(timeout=180)
+    assert not thread.is_alive(), "the job did not stop"
+    assert "error" not in outcome, repr(outcome.get("error"))
+    summary = outcome["summary"]
+
+    logged = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert logged == job.events.recorded  # every event is in events.jsonl
+    kinds = [e["kind"] for e in logged]
+    assert kinds.count("failure") == 2 and kinds.count("leave") == 2 and kinds.count("join") == 5, kinds
+    assert summary["learners"] == 3 and summary["events"]["join"] == 5
+    hosts = {n["node_id"]: n for n in summary["nodes"]}  # the inventory of the nodes learners ran on
+    assert set(hosts) == {node_a.node_id, node_b.node_id, node_c.node_id}
+    assert hosts[node_b.node_id].get("gone") and hosts[node_c.node_id]["custom"] == {"learner_slot": 1.0}
+    assert len(hosts[node_a.node_id]["learners"]) == 3  # two at the start, the replacement
+    assert summary["final_train_loss"] < summary["first_train_loss"]
+    # the replacement and the newcomer took the group's weights: they started from its step count
+    assert all(r["stepping_at"] for r in summary["recoveries"]), summary["recoveries"]
+    first_kill = kinds.index("failure")  # every join before it was one of the first members
+    changes = [(e["kind"], e["learner"]) for e in logged[first_kill:] if e["kind"] in ("join", "failure")]
+    assert sorted((r["cause"], r["learner"]) for r in summary["recoveries"]) == sorted(changes), summary["recoveries"]
+    job_id = summary["job_id"]
+    assert_nothing_left(f"{job_id}/", placement_groups=5)
+
 
 @pytest.mark.ray
 def test_train_waits_for_min_learners_then_gives_up_cleanly(ray_cluster, tmp_path):
