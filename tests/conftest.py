@@ -20,9 +20,13 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # explicit: the test cluster
 # pytest-xdist's workers share this machine's cores: each worker, and every process it starts (CLI
 # runs, own_process children, in-process learners), gets its share as torch threads. A thread pool
 # the size of the machine in every worker oversubscribes the cores: a one-learner training test
-# took 43 s with two threads and 23 s with one beside two busy processes (12.6 s alone)
-os.environ.setdefault("OMP_NUM_THREADS",
-                      str(max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))))
+# took 43 s with two threads and 23 s with one beside two busy processes (12.6 s alone). Only a
+# worker sets it: the controlling process imports this file first, and a value it set would reach
+# the workers as if the user had set it (it did: each worker ran 2 threads, and the unit tier took
+# as long on two workers as on one)
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS",
+                          str(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
 
 # every node of a test cluster: metrics reach each node's exporter every second (default 10 s), and
 # a lost node is declared dead within ~3 s (Ray's defaults take ~30 s)
