@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from jobs.data.manifests import DataError, shard_batches
-from jobs.sections import EVAL_SPLITS, LinearConfig
+from jobs.sections import LinearConfig
 from jobs.workload import load_model_state, model_state
 
 
@@ -59,7 +59,6 @@ class LinearWorkload:
 
     Config = LinearConfig
     input_error = DataError
-    final_splits = EVAL_SPLITS[1:]  # scored at the end; dev while training
 
     def __init__(self, config: LinearConfig, seed: int = 0):
         self.config, self.seed = config, seed
@@ -74,10 +73,6 @@ class LinearWorkload:
     @property
     def max_rollbacks(self) -> int:
         return self.config.optim.max_rollbacks
-
-    @staticmethod
-    def eval_splits(config: LinearConfig) -> list[str]:
-        return list(config.data.eval_splits)
 
     def check_data(self) -> None:
         pass

@@ -8,7 +8,7 @@ workloads (`jobs/workload.py`, `jobs/linear.py`) read them.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
@@ -303,12 +303,17 @@ class WorkloadConfig(BaseModel):
     """
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    final_splits: ClassVar[tuple[str, ...]] = EVAL_SPLITS[1:]  # scored at the end; dev while training
     data: DataConfig
     features: FeatureConfig = FeatureConfig()
     augment: AugmentConfig = AugmentConfig()
     model: ModelConfig = ModelConfig()
     optim: OptimConfig = OptimConfig()
     decoding: DecodingConfig = DecodingConfig()
+
+    def eval_splits(self) -> list[str]:
+        """The evaluation splits this spec names (of `EVAL_SPLITS`)."""
+        return [split for split in EVAL_SPLITS if getattr(self.data, split) is not None]
 
 
 class LinearData(BaseModel):
@@ -373,6 +378,11 @@ class LinearConfig(BaseModel):
     """
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    final_splits: ClassVar[tuple[str, ...]] = EVAL_SPLITS[1:]  # scored at the end; dev while training
     data: LinearData = LinearData()
     model: LinearModel = LinearModel()
     optim: LinearOptim = LinearOptim()
+
+    def eval_splits(self) -> list[str]:
+        """The evaluation splits this spec names (`data.eval_splits`)."""
+        return list(self.data.eval_splits)

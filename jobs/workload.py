@@ -66,7 +66,6 @@ class AsrWorkload:
     shards from them; a resumed learner and `chorus eval` take the units its checkpoint carries."""
 
     Config, input_error = WorkloadConfig, DataError
-    final_splits = EVAL_SPLITS[1:]  # scored at the end; dev while training
 
     def __init__(self, config: WorkloadConfig, seed: int = 0):
         os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", ONEDNN_PRIMITIVES)
@@ -145,11 +144,6 @@ class AsrWorkload:
     @property
     def max_rollbacks(self) -> int:
         return self.config.optim.max_rollbacks
-
-    @staticmethod
-    def eval_splits(config: WorkloadConfig) -> list[str]:
-        """The evaluation splits the spec names (of `EVAL_SPLITS`)."""
-        return [split for split in EVAL_SPLITS if getattr(config.data, split) is not None]
 
     def skip_counts(self) -> dict[str, int]:
         """Training utterances skipped, by reason."""

@@ -52,23 +52,28 @@ class ShardBatches(Protocol):
     def __iter__(self) -> Iterable[Batch]: ...
 
 
+class WorkloadSection(Protocol):
+    """A workload's section of a job spec (a pydantic model, `Workload.Config`): besides its fields,
+    `final_splits`, the splits scored once at the end on the model evaluated last (`dev` is the one
+    scored while training), and which splits this spec has. Both are read without importing the
+    workload (a sweep's spec is checked so)."""
+
+    final_splits: tuple[str, ...]
+
+    def eval_splits(self) -> list[str]:
+        """Which splits this spec has: `dev` and any of `final_splits`."""
+
+
 class Workload(Protocol):
-    """What the orchestrator asks of a workload. `Config` is its pydantic section of the spec;
-    `input_error` the exception its data problems raise (the CLI reports it in one line);
-    `final_splits` the splits scored once at the end, on the model evaluated last (`dev` is the
-    one scored while training);
-    `max_rollbacks` how often a job may roll back a non-finite loss before it gives up."""
+    """What the orchestrator asks of a workload. `Config` is its pydantic section of the spec (a
+    `WorkloadSection`); `input_error` the exception its data problems raise (the CLI reports it in
+    one line); `max_rollbacks` how often a job may roll back a non-finite loss before it gives up."""
 
     Config: type[BaseModel]
     input_error: type[Exception]
-    final_splits: tuple[str, ...]
     max_rollbacks: int
 
     def __init__(self, config: BaseModel, seed: int = 0): ...
-
-    @staticmethod
-    def eval_splits(config: BaseModel) -> list[str]:
-        """Which splits a spec's section of this workload has: `dev` and any of `final_splits`."""
 
     def check_data(self) -> None: ...
 
@@ -86,7 +91,7 @@ class Workload(Protocol):
 
     def evaluate(self, model: torch.nn.Module, split: str) -> dict | None:
         """{"wer": error rate in percent or None, "loss": ..., "utterances": samples scored} on
-        `dev` or one of `final_splits`, or None when the spec has no such split."""
+        `dev` or one of its section's `final_splits`, or None when the spec has no such split."""
 
     def state_dict(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> dict: ...
 

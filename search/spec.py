@@ -19,7 +19,6 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from orchestrator.driver.config import JobSpec, SpecError, apply_overrides, parse_spec
-from orchestrator.workload import workload_class
 from search.space import Space
 
 METHODS = ("bohb", "hyperband", "asha", "hyperopt", "random")
@@ -139,7 +138,7 @@ def _read_yaml(path: Path, what: str) -> Any:
 
 def _absolute_data(job: JobSpec) -> dict:
     raw = job.model_dump(mode="json")
-    for key in ("train", "dev", *workload_class(job.workload).final_splits):
+    for key in ("train", "dev", *job.workload_config.final_splits):
         if raw["data"].get(key) is not None:
             raw["data"][key] = str(Path(raw["data"][key]).resolve())
     return raw
@@ -206,7 +205,7 @@ def _set_space(raw: dict, overrides: list[str], path: Path) -> None:
 def _check(sweep: SweepSpec, path: Path, job: JobSpec, check_paths: bool) -> None:
     if sweep.metric not in METRICS:
         raise SpecError(f"{path}: metric: {sweep.metric!r} is not reported by trials (one of: {', '.join(METRICS)})")
-    splits = workload_class(job.workload).eval_splits(job.workload_config)
+    splits = job.workload_config.eval_splits()
     if sweep.metric.startswith("dev_") and "dev" not in splits:
         raise SpecError(f"{path}: metric: {sweep.metric} needs a dev split in the job (asr: data.dev); it has none")
     for corner, config in zip(("low", "high"), sweep.space.corners(), strict=True):

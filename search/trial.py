@@ -109,7 +109,7 @@ def run_trial(config: dict, sweep_raw: dict) -> None:
     summary = job.run()
     final = held or {**(job.evals[-1] if job.evals else {}), "learners": learners,
                      "learner_seconds": round(state["learner_seconds"], 2), "starts": state["starts"]}
-    final.update({f"wer_{split}": summary.get(f"wer_{split}") for split in job.workload.final_splits})
+    final.update({f"wer_{split}": summary.get(f"wer_{split}") for split in spec.workload_config.final_splits})
     final["finished"] = True
     tune.report(final, checkpoint=tune.Checkpoint.from_directory(str(out)))
     shutil.rmtree(out, ignore_errors=True)  # persisted as the checkpoint: the working copy can go

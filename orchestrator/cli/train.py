@@ -31,6 +31,7 @@ def format_eval(record: dict) -> str:
 @fail_on_spec_error
 def train(spec_path, overrides, out, address, resume, overwrite):
     """Train the job SPEC (YAML); prints one line per evaluation and the summary JSON last."""
+    spec = load_spec(spec_file(spec_path), list(overrides))  # a bad spec is refused before torch and Ray load
     from orchestrator.checkpoint.files import CheckpointError
     from orchestrator.checkpoint.rundir import RunDirError
     from orchestrator.checkpoint.storage import StorageError
@@ -39,7 +40,6 @@ def train(spec_path, overrides, out, address, resume, overwrite):
     from orchestrator.driver.job import TrainingDiverged
     from orchestrator.groups.errors import GroupCannotForm
 
-    spec = load_spec(spec_file(spec_path), list(overrides))
     job = _prepared_job(spec, out or default_out(spec_path, spec.name), address, resume, overwrite)
     received = []
 

@@ -79,7 +79,7 @@ class TrainingJob:
         self.rollbacks = Rollbacks(self.store, self.workload.max_rollbacks, self._emit)
         self.snapshots = Snapshots(self.checkpoints, spec.model_dump(mode="json"), self.rollbacks,
                                    lambda record: self.report(record),  # (a caller may replace `report`)
-                                   self.workload.final_splits)  # evaluations and checkpoints, and the curve
+                                   spec.workload_config.final_splits)  # evaluations and checkpoints, and the curve
         self.roster: Roster | None = None
         self.events: EventLog | None = None
         self._stop, self._interrupted = threading.Event(), threading.Event()
