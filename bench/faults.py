@@ -101,7 +101,13 @@ from orchestrator.checkpoint.files import load as load_checkpoint  # noqa: E402
 from orchestrator.driver.config import parse_spec  # noqa: E402
 from orchestrator.driver.job import TrainingDiverged, TrainingJob  # noqa: E402
 from orchestrator.checkpoint.rundir import RunDirError  # noqa: E402
-from orchestrator.testing.cluster import added_since, holdings, resource_request, take_away  # noqa: E402
+from orchestrator.testing.cluster import (  # noqa: E402
+    added_since,
+    holdings,
+    resource_request,
+    settled_since,
+    take_away,
+)
 
 RESULTS = ROOT / "bench" / "results"
 WORK = ROOT / "bench" / "work" / "faults"
@@ -971,12 +977,7 @@ def run_row(bench: Bench, fault: Fault, group: str, token: str, echo: bool) -> d
         row.record["traceback"] = True  # `chorus train` would have shown a traceback
     if any("Traceback" in line for line in row.capture.lines):
         row.record["traceback"] = True
-    deadline = time.time() + LEFTOVER_GRACE_S
-    while True:
-        left = added_since(before)
-        if not left or time.time() >= deadline:
-            break
-        time.sleep(0.5)
+    left = settled_since(before, LEFTOVER_GRACE_S)
     request = resource_request()
     row.record["leftovers"] = sum(len(v) for v in left.values()) + (1 if request else 0)
     if left or request:

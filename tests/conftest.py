@@ -169,107 +169,34 @@ def pytest_runtest_protocol(item, nextitem):
     return True
 
 
-def cluster_state() -> dict[str, set]:
-    """What lives on the connected cluster now: actors (not dead), placement groups (not removed)
-    and nodes (alive), by id."""
-    import ray
-    from ray.util import placement_group_table
-
-    return {"actors": {a_id for a_id, a in ray._private.state.actors().items() if a["State"] != "DEAD"},
-            "placement groups": {g_id for g_id, g in placement_group_table().items() if g["state"] != "REMOVED"},
-            "nodes": {n["NodeID"] for n in ray.nodes() if n["Alive"]},
-            "held resources": _held_resources()}
-
-
-def _held_resources() -> set[tuple[str, float]]:
-    """(resource, amount) of each CPU, GPU and custom resource that something holds now (Ray's
-    view: total minus available)."""
-    import ray
-
-    total, free = ray.cluster_resources(), ray.available_resources()
-    return {(name, round(amount - free.get(name, 0.0), 4)) for name, amount in total.items()
-            if not name.startswith("node:") and name not in ("memory", "object_store_memory")
-            and amount - free.get(name, 0.0) > 1e-4}
-
-
-def _leftovers(before: dict[str, set]) -> dict[str, set]:
-    """What the cluster holds now that it did not hold `before`; a resource still held (an actor's
-    CPU not yet given back) counts until Ray's view has caught up, so the next test starts on a
-    cluster whose free resources are what they were."""
-    now = cluster_state()
-    return {kind: now[kind] - before[kind] for kind in now if now[kind] - before[kind]}
-
-
-def _remove(leftovers: dict[str, set], cluster) -> None:
-    import ray
-    from ray._private.worker import global_worker
-    from ray.util.placement_group import PlacementGroup, remove_placement_group
-
-    for actor_id in leftovers.get("actors", ()):
-        try:  # by id: the test's handle is gone, and the actor may have no name
-            global_worker.core_worker.kill_actor(ray.ActorID(bytes.fromhex(actor_id)), True)
-        except Exception:  # noqa: BLE001 - dead meanwhile
-            pass
-    for pg_id in leftovers.get("placement groups", ()):
-        try:
-            remove_placement_group(PlacementGroup(ray.PlacementGroupID(bytes.fromhex(pg_id))))
-        except Exception:  # noqa: BLE001 - removed meanwhile
-            pass
-    for node in list(cluster.worker_nodes):
-        if node.node_id in leftovers.get("nodes", ()):
-            cluster.remove_node(node, allow_graceful=False)
-
-
 @pytest.fixture(autouse=True)
 def leaves_the_cluster_as_found(request):
     """For tests on the session's cluster: afterwards no actor, placement group or node that the
-    test made may remain. Leftovers are removed either way, so one failing test is one red test;
-    a test that passed but left something behind fails here."""
+    test made may remain, nor a resource it held (`orchestrator/testing/cluster.py`: what the
+    benchmarks check after each of their runs too). Leftovers are removed either way, so one failing
+    test is one red test; a test that passed but left something behind fails here."""
     if "ray_cluster" not in request.fixturenames and "ray_session" not in request.fixturenames:
         yield
         return
+    from orchestrator.testing.cluster import described, holdings, settled_since, take_away
+
     cluster = request.getfixturevalue("ray_cluster")
-    before = cluster_state()
+    before = holdings(nodes=True)
     yield
     report = getattr(request.node, "rep_call", None)
     passed = report is not None and report.passed
     running = end_job_threads()
-    leftovers = _settled(before)
+    leftovers = settled_since(before, LEFTOVER_GRACE_S)
     if leftovers:
-        described = _describe(leftovers)
-        _remove(leftovers, cluster)
-        still = _settled(before)  # the next test starts on the cluster this one found
+        what = described(leftovers)
+        take_away(leftovers, cluster)
+        still = settled_since(before, LEFTOVER_GRACE_S)  # the next test starts on the cluster this one found
         if still:
-            pytest.fail(f"the test left on the cluster: {described}; still there after removing it: {still}")
+            pytest.fail(f"the test left on the cluster: {what}; still there after removing it: {still}")
         if passed:
-            pytest.fail(f"the test left on the cluster: {described}")
+            pytest.fail(f"the test left on the cluster: {what}")
     if running and passed:
         pytest.fail(f"the test ended with its job(s) still running: {running}")
-
-
-def _settled(before: dict[str, set]) -> dict[str, set]:
-    """`_leftovers(before)`, once it is empty or LEFTOVER_GRACE_S have passed."""
-    deadline = time.time() + LEFTOVER_GRACE_S
-    leftovers = _leftovers(before)
-    while leftovers and time.time() < deadline:
-        time.sleep(0.5)
-        leftovers = _leftovers(before)
-    return leftovers
-
-
-def _describe(leftovers: dict[str, set]) -> dict[str, list]:
-    """Leftovers by name where Ray knows one (actors: class and name; placement groups: name and
-    state), so a failure says whose they are."""
-    import ray
-    from ray.util import placement_group_table
-
-    actors, groups = ray._private.state.actors(), placement_group_table()
-    named = {"actors": [f"{actors[a]['ActorClassName']} {actors[a].get('Name') or a}" for a in
-                        leftovers.get("actors", ()) if a in actors],
-             "placement groups": [f"{groups[g]['name'] or g} ({groups[g]['state']})" for g in
-                                  leftovers.get("placement groups", ()) if g in groups]}
-    rest = {k: sorted(v) for k, v in leftovers.items() if k not in named}
-    return {k: v for k, v in {**named, **rest}.items() if v}
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

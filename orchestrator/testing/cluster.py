@@ -1,13 +1,14 @@
 """What the tests and the benchmarks ask of a Ray cluster they made, written once: what it holds
-(live actors, placement groups not removed, the autoscaler's resource request), what a run left on
-it (by the run's name prefix, or against what it held before), taking that away, waiting on a
-condition, and a worker node of its own (`ray start --block` in a child process, stopped by its
-process group: never `ray stop`, which would stop every Ray process of the machine).
+(live actors, placement groups not removed, alive nodes and held resources, the autoscaler's
+resource request), what a run left on it (by the run's name prefix, or against what it held
+before, once Ray has settled), whose that is, taking it away, waiting on a condition, and a worker
+node of its own (`ray start --block` in a child process, stopped by its process group: never
+`ray stop`, which would stop every Ray process of the machine).
 
 Example:
     >>> before = holdings()  # doctest: +SKIP
     >>> ...  # a run
-    >>> assert not added_since(before), added_since(before)  # doctest: +SKIP
+    >>> assert not settled_since(before, grace_s=15.0)  # doctest: +SKIP
     >>> assert not leftovers_of("chorus-test-")  # doctest: +SKIP
 """
 
@@ -28,15 +29,25 @@ T = TypeVar("T")
 KINDS = ("actors", "placement groups")
 
 
-def holdings() -> dict[str, dict[str, str]]:
-    """The connected cluster's live actors and its placement groups not removed: id -> name."""
+def holdings(nodes: bool = False) -> dict[str, dict[str, str]]:
+    """The connected cluster's live actors and its placement groups not removed: id -> name. With
+    `nodes`, also its alive nodes (id -> address) and the resources something holds ("CPU 1.0", Ray's
+    view: total minus available), so that an actor's CPU not yet given back counts as held."""
     import ray
     from ray.util import placement_group_table
 
-    return {"actors": {i: a.get("Name") or "" for i, a in ray._private.state.actors().items()
+    held = {"actors": {i: a.get("Name") or "" for i, a in ray._private.state.actors().items()
                        if a["State"] != "DEAD"},
             "placement groups": {i: g["name"] for i, g in placement_group_table().items()
                                  if g["state"] != "REMOVED"}}
+    if nodes:
+        total, free = ray.cluster_resources(), ray.available_resources()
+        held["nodes"] = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]}
+        held["held resources"] = {f"{name} {round(amount - free.get(name, 0.0), 4)}": "" for name, amount in
+                                  total.items() if not name.startswith("node:")
+                                  and name not in ("memory", "object_store_memory")
+                                  and amount - free.get(name, 0.0) > 1e-4}
+    return held
 
 
 def resource_request() -> list:
@@ -60,13 +71,39 @@ def leftovers_of(prefix: str, request: bool = True) -> dict[str, list]:
 
 
 def added_since(before: dict[str, dict[str, str]]) -> dict[str, set[str]]:
-    """The ids of what the cluster holds now and did not hold at `before` (a `holdings()`)."""
-    now = holdings()
-    return {kind: set(now[kind]) - set(before[kind]) for kind in KINDS if set(now[kind]) - set(before[kind])}
+    """The ids of what the cluster holds now and did not hold at `before` (a `holdings()`, of the
+    same kinds)."""
+    now = holdings(nodes="nodes" in before)
+    return {kind: set(now[kind]) - set(before[kind]) for kind in now if set(now[kind]) - set(before[kind])}
 
 
-def take_away(left: dict[str, set[str]]) -> None:
-    """Kill those actors and remove those placement groups (ids, as `added_since` gives them)."""
+def settled_since(before: dict[str, dict[str, str]], grace_s: float) -> dict[str, set[str]]:
+    """`added_since(before)` once it is empty, or when `grace_s` seconds have passed: the actors of
+    a driver that just exited, and the resources they held, take Ray a moment to mark dead."""
+    deadline = time.monotonic() + grace_s
+    while (left := added_since(before)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return left
+
+
+def described(left: dict[str, set[str]]) -> dict[str, list[str]]:
+    """Those ids by name where Ray knows one (actors: class and name; placement groups: name and
+    state), so that a failure says whose they are; the other kinds as they are."""
+    import ray
+    from ray.util import placement_group_table
+
+    actors, groups = ray._private.state.actors(), placement_group_table()
+    named = {"actors": [f"{actors[a]['ActorClassName']} {actors[a].get('Name') or a}"
+                        for a in left.get("actors", ()) if a in actors],
+             "placement groups": [f"{groups[g]['name'] or g} ({groups[g]['state']})"
+                                  for g in left.get("placement groups", ()) if g in groups]}
+    rest = {kind: sorted(ids) for kind, ids in left.items() if kind not in named}
+    return {kind: names for kind, names in {**named, **rest}.items() if names}
+
+
+def take_away(left: dict[str, set[str]], cluster=None) -> None:
+    """Kill those actors and remove those placement groups (ids, as `added_since` gives them) and,
+    of `cluster` (a `ray.cluster_utils.Cluster`), those nodes."""
     import ray
     from ray._private.worker import global_worker
     from ray.util.placement_group import PlacementGroup, remove_placement_group
@@ -81,6 +118,9 @@ def take_away(left: dict[str, set[str]]) -> None:
             remove_placement_group(PlacementGroup(ray.PlacementGroupID(bytes.fromhex(pg_id))))
         except Exception:  # noqa: BLE001 - gone meanwhile
             pass
+    for node in list(cluster.worker_nodes) if cluster is not None else ():
+        if node.node_id in left.get("nodes", ()):
+            cluster.remove_node(node, allow_graceful=False)
 
 
 def wait_until(what: str, condition: Callable[[], T], timeout: float = 180.0, poll: float = 0.05,

@@ -104,12 +104,18 @@ def _digest(root):
     return h.hexdigest()
 
 
+def _made_twice(tmp_path, **kwargs) -> dict:
+    """The corpus made in `a` with two workers and in `b` with one: the same summary and the same
+    files, byte for byte; `a`'s summary."""
+    a = synthesize(tmp_path / "a", workers=2, progress=False, **kwargs)
+    b = synthesize(tmp_path / "b", workers=1, progress=False, **kwargs)
+    assert a == b and _digest(tmp_path / "a") == _digest(tmp_path / "b")
+    return a
+
+
 def test_same_seed_same_corpus_other_seed_other_corpus(tmp_path):
-    a = synthesize(tmp_path / "a", utterances=12, eval_utterances=3, seed=5, workers=2, progress=False)
-    b = synthesize(tmp_path / "b", utterances=12, eval_utterances=3, seed=5, workers=1, progress=False)
+    _made_twice(tmp_path, utterances=12, eval_utterances=3, seed=5)
     synthesize(tmp_path / "c", utterances=12, eval_utterances=3, seed=6, workers=2, progress=False)
-    assert a == b
-    assert _digest(tmp_path / "a") == _digest(tmp_path / "b")
     assert _digest(tmp_path / "a") != _digest(tmp_path / "c")
 
 
@@ -143,11 +149,7 @@ def test_with_festival_one_engine_never_speaks_in_training():
 
 @needs_festival
 def test_festival_corpus_is_reproducible_and_its_engine_split_is_sound(tmp_path):
-    a = synthesize(tmp_path / "a", utterances=16, eval_utterances=4, seed=2, workers=2, progress=False,
-                   engines="espeak,festival")
-    b = synthesize(tmp_path / "b", utterances=16, eval_utterances=4, seed=2, workers=1, progress=False,
-                   engines="espeak,festival")
-    assert a == b and _digest(tmp_path / "a") == _digest(tmp_path / "b")
+    a = _made_twice(tmp_path, utterances=16, eval_utterances=4, seed=2, engines="espeak,festival")
     assert a["engines"] == ["espeak-ng", "festival"] and list(a["splits"]) == list(SPLITS)
     assert a["voices"]["test-unseen-engine"] == UNSEEN_ENGINE_VOICES
     rows = [json.loads(line) for split in ("train", "test-unseen-engine")
@@ -179,11 +181,7 @@ def test_flite_speaks_only_when_named_and_adds_training_voices_not_test_ones():
 @pytest.mark.skipif(not set(FLITE_TRAIN_VOICES) <= Flite.voices() or not FESTIVAL <= Festival.voices(),
                     reason="flite or Festival's voices are not installed (make test-deps installs them)")
 def test_flite_corpus_is_reproducible_and_its_voices_speak(tmp_path):
-    a = synthesize(tmp_path / "a", utterances=24, eval_utterances=4, seed=5, workers=2, progress=False,
-                   engines="espeak,festival,flite")
-    b = synthesize(tmp_path / "b", utterances=24, eval_utterances=4, seed=5, workers=1, progress=False,
-                   engines="espeak,festival,flite")
-    assert a == b and _digest(tmp_path / "a") == _digest(tmp_path / "b")
+    a = _made_twice(tmp_path, utterances=24, eval_utterances=4, seed=5, engines="espeak,festival,flite")
     assert a["engines"] == ["espeak-ng", "festival", "flite"]
     flite_speakers = {1000 + len(TRAIN_VOICES) + len(FESTIVAL_TRAIN_VOICES) + n for n in range(len(FLITE_TRAIN_VOICES))}
     rows = [json.loads(line) for line in (tmp_path / "a" / "train.jsonl").read_text().splitlines()]

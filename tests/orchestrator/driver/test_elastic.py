@@ -150,6 +150,7 @@ def _wait_for(what: str, condition, job_thread, timeout: float = 120.0):
     """The shared wait (`orchestrator.testing.cluster.wait_until`), failing as soon as the job ended."""
     return wait_until(what, condition, timeout, poll=0.2, job=job_thread)
 
+
 @pytest.mark.slow
 @pytest.mark.own_process
 @pytest.mark.parametrize("kind", ["gossip", "allreduce", "hierarchical"])
