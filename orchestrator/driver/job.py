@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from orchestrator.base import strict_json
-from orchestrator.checkpoint.files import KEEP, resume_from
+from orchestrator.checkpoint.files import KEEP, LATEST, resume_from
 from orchestrator.checkpoint.job_checkpoint import CheckpointFiles, JobCheckpoint, restore_curve
 from orchestrator.checkpoint.rundir import RunDir
 from orchestrator.checkpoint.snapshot import RunningJob, Snapshots
@@ -26,7 +26,7 @@ from orchestrator.driver.config import JobSpec
 from orchestrator.driver.elastic import Elastic
 from orchestrator.driver.events import EventLog
 from orchestrator.driver.group import Group
-from orchestrator.driver.loop import TrainLoop, mean_loss
+from orchestrator.driver.loop import LoopParts, TrainLoop, mean_loss
 from orchestrator.driver.metrics import JobMetrics
 from orchestrator.driver.recovery import RecoveryLog
 from orchestrator.driver.rollback import Rollbacks, TrainingDiverged, simulate_divergence
@@ -157,16 +157,16 @@ class TrainingJob:
             self.form_group()
             if not self.rollbacks.states:  # before the first checkpoint, a rollback goes back to the start
                 self.snapshots.save_start()
-            loop = TrainLoop(self, time.time() - wall_before)
+            loop = TrainLoop(self.loop_parts(), self.spec.budget, time.time() - wall_before)
             train_wall = loop.run()
             # gossip's exchanges still in flight settle on both sides before the last evaluation:
             # the actives' first, then the passives' (and a hierarchical node takes its leader's weights)
             self.elastic.on_every_learner(lambda slot: slot.handle.settle_exchanges.remote())
             self.elastic.on_every_learner(lambda slot: slot.handle.align_after_exchanges.remote())
-            self.poll_snapshot(wait=True)
-            if loop.losses or not self.evals:
-                self.evaluate(mean_loss(loop.losses) if loop.losses else float("nan"), loop.start)
-                self.poll_snapshot(wait=True)
+            self.snapshots.poll(wait=True)
+            if loop.losses or not self.evals:  # the end-of-run evaluation (`snapshot.Snapshots`)
+                self.snapshots.begin(mean_loss(loop.losses) if loop.losses else float("nan"), loop.start)
+                self.snapshots.poll(wait=True)
             summary = summarize(self, train_wall, time.time() - loop.start, loop.first_loss)
             (self.out_dir / "summary.json").write_text(strict_json.dumps(summary, indent=2) + "\n")
             return summary
@@ -201,6 +201,12 @@ class TrainingJob:
         self.snapshots.attach(RunningJob(self.runtime, self.roster, self.group, self.elastic, self.metrics,
                                          self.store, self.workload_args))
 
+    def loop_parts(self) -> LoopParts:
+        """What the training loop drives (`loop.py`), once the parts are assembled."""
+        return LoopParts(self.runtime, self.roster, self.elastic, self.group, self.watchdog, self.recovery,
+                         self.rollbacks, self.snapshots, self.out_dir / LATEST, observe=self.observe,
+                         form_group=self.form_group, stop_requested=self.stop_requested, interrupted=self.interrupted)
+
     def form_group(self) -> None:
         """(Re-)form the group; learners that die while joining are dropped and it is formed again."""
         while True:
@@ -226,13 +232,6 @@ class TrainingJob:
             self.first_step_at = min(self.first_step_at or stats["first_step_at"], stats["first_step_at"])
         self.recovery.stepped(learner_id, stats.get("step_began", []), stats["step_seconds"])
         return stats["loss"]
-
-    # -- evaluation and checkpoints (`snapshot.Snapshots`) ----------------------------------------
-    def evaluate(self, train_loss: float, start: float, wait: bool = False) -> None:
-        self.snapshots.begin(train_loss, start, wait)
-
-    def poll_snapshot(self, wait: bool = False) -> None:
-        self.snapshots.poll(wait)
 
     def checkpoint_location(self) -> str:
         """Where the run's newest checkpoint is kept (`CheckpointFiles.location`)."""
