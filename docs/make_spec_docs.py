@@ -391,11 +391,11 @@ def render_spec(title: str, target: str, usage: str, candidates: Any = None) -> 
 def workload_configs() -> list[tuple[str, type, str]]:
     """(label, Config, intro) of every registered workload: the candidates for the job spec's
     workload section. Its keys sit at the top level of a job spec, beside the orchestrator's."""
-    from orchestrator.workload import REGISTRY, workload_class
+    from orchestrator.workload import REGISTRY, workload_config
 
     out = []
     for name in REGISTRY:
-        config = workload_class(name).Config
+        config = workload_config(name)  # its section's own module where the registry names one: no torch
         default = " (the default)" if name == _default_workload() else ""
         where = REGISTRY[name]["workload"].replace(":", ".")
         intro = (f"The sections used with `workload: {name}`{default}, the workload `{where}`. They sit at "

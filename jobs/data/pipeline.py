@@ -1,7 +1,7 @@
 """The input pipeline's memory and overlap, for corpora that do not fit in memory: a feature cache
-bounded in bytes (the least recently used features go first), a prefetcher that prepares the
-next batches (audio decode, filterbanks, padding) in a background thread while the step runs, and
-a heap trimmer that hands the allocator's freed pages back to the system as batches come and go.
+bounded in bytes (the least recently used features go first) and a prefetcher that prepares the
+next batches (audio decode, filterbanks, padding) in a background thread while the step runs (the
+heap trimmer that hands freed pages back as batches come and go is `heap.py`'s).
 
 Example:
     >>> cache = FeatureCache(max_bytes=1 << 20)
@@ -14,8 +14,6 @@ Example:
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import queue
 import threading
 from collections import OrderedDict
@@ -196,20 +194,3 @@ class Prefetcher:
     @property
     def running(self) -> bool:
         return self._thread.is_alive()
-
-
-class HeapTrimmer:
-    """Every `every` calls, glibc's `malloc_trim(0)`: freed heap pages go back to the system. A
-    stream's batches differ in shape each step, and glibc keeps what their tensors freed, so a
-    learner's resident memory climbs over an epoch without it (bench/README, "Shards at scale").
-    Where the C library has no `malloc_trim` (not glibc) a call does nothing."""
-
-    def __init__(self, every: int = 10):
-        self.every, self.calls = every, 0
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or None)
-        self._trim = getattr(libc, "malloc_trim", None)
-
-    def __call__(self) -> None:
-        self.calls += 1
-        if self._trim is not None and self.calls % self.every == 0:
-            self._trim(0)

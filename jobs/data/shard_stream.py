@@ -28,8 +28,9 @@ import numpy as np
 
 from jobs.data.audio_shards import INDEX, AudioShards, ShardUtterance
 from jobs.data.batch import Batch, padded_batch
+from jobs.data.heap import HeapTrimmer
 from jobs.data.manifests import TOO_LONG, AudioError, DataError, SkipReport
-from jobs.data.pipeline import HeapTrimmer, Prefetcher
+from jobs.data.pipeline import Prefetcher
 from jobs.features.augment import Augment, Draws
 from jobs.features.device import AudioBatch
 from jobs.features.filterbanks import Fbank, normalized

@@ -70,7 +70,7 @@ def rss():
 torch.manual_seed(0)
 rnd, start = random.Random(0), rss()
 cache, peak = FeatureCache(float(sys.argv[1]) * 2**20), 0.0
-for i in range(6000):  # features of 1-9 s of speech, each a miss, and a hit on a recent one every other time
+for i in range(1500):  # features of 1-9 s of speech, each a miss, and a hit on a recent one every other time
     x = torch.randn(80, rnd.randrange(100, 900)).t()
     cache.put(i, (x - x.mean(0)) / 2)
     if rnd.random() < 0.5:
@@ -99,7 +99,8 @@ def _churn_peak_mb(*cache_mb: float) -> list[dict]:
 def test_a_full_cache_costs_the_process_no_more_memory_than_its_bound():
     """Features of every size cached and evicted in turn (as a learner's epochs do): the cache's share
     of the process's peak (against the same churn through a 1 MB cache) stays within its bound. As
-    separate tensors, entries left the allocator's heap fragmented: 32 MB cost 39-40 MB."""
+    separate tensors, entries left the allocator's heap fragmented: 32 MB cost 39-40 MB (1,500
+    churns, ~7 turns of the full cache, show it as 6,000 did: 40.5 MB, and 31.6 MB in pages)."""
     small, full = _churn_peak_mb(1, 32)
     assert full["cached_mb"] > 32 * 0.9  # full (its entries' last pages are half empty on average)
     assert full["peak_mb"] - small["peak_mb"] <= 32 * 1.05, (small, full)
@@ -162,26 +163,3 @@ def test_a_shard_left_early_stops_its_prefetch_thread(corpus):
     iterator.close()  # what a learner's loop does when it leaves the epoch (a drain, a stop)
     assert not any(t.name == "chorus-prefetch" for t in threading.enumerate())
     assert batches.position == 1
-
-
-def test_the_heap_trimmer_hands_freed_heap_back_every_nth_call():
-    """In a fresh process: 125 MB of 64 KB blocks (below glibc's mmap threshold: heap) freed
-    behind one kept block stay resident until the trimmer's third call."""
-    code = """
-from pathlib import Path
-from jobs.data.pipeline import HeapTrimmer
-def rss_mb():
-    line = next(l for l in Path("/proc/self/status").read_text().splitlines() if l.startswith("VmRSS:"))
-    return int(line.split()[1]) / 1024
-blocks = [bytearray(64 << 10) for _ in range(2000)]
-kept = blocks[-1]
-del blocks
-trim = HeapTrimmer(every=3)
-before = rss_mb(); trim(); trim(); held = rss_mb(); trim()
-print(before, held, rss_mb())
-"""
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=Path(__file__).resolve().parents[3]).stdout
-    before, held, after = map(float, out.split())
-    assert held > before - 10  # two calls: nothing trimmed yet
-    assert after < held - 100  # the third: the freed 125 MB is gone from resident memory
