@@ -28,6 +28,7 @@ of the engines used (`corpus.json` names them).
 from __future__ import annotations
 
 import ctypes
+import functools
 import json
 import multiprocessing as mp
 import shutil
@@ -164,14 +165,15 @@ class Festival:
     shifted afterwards (`render`), the same way for every voice."""
 
     @staticmethod
-    def voices() -> set[str]:
+    @functools.cache  # a Festival process asked once (0.35 s), not at every check
+    def voices() -> frozenset[str]:
         """The installed Festival voices ("festival:<name>"); none when Festival is not installed."""
         if shutil.which("festival") is None:
-            return set()
+            return frozenset()
         proc = subprocess.run(["festival", "--pipe"], input="(print (voice.list))\n", capture_output=True,
                               text=True, timeout=60)
         names = proc.stdout.strip().strip("()").split()
-        return {f"festival:{name}" for name in names} if proc.returncode == 0 else set()
+        return frozenset(f"festival:{name}" for name in names) if proc.returncode == 0 else frozenset()
 
     @staticmethod
     def speak_all(items: list[tuple[str, str, str, float]]) -> dict[str, tuple[np.ndarray, int]]:
@@ -196,12 +198,14 @@ class Flite:
     speaking rate is `duration_stretch`, as Festival's; pitch is shifted afterwards (`render`)."""
 
     @staticmethod
-    def voices() -> set[str]:
+    @functools.cache
+    def voices() -> frozenset[str]:
         """The voices flite has built in ("flite:<name>"); none when flite is not installed."""
         if shutil.which("flite") is None:
-            return set()
+            return frozenset()
         proc = subprocess.run(["flite", "-lv"], capture_output=True, text=True, timeout=60)
-        return {f"flite:{name}" for name in proc.stdout.partition(":")[2].split()} if proc.returncode == 0 else set()
+        return frozenset(f"flite:{n}" for n in proc.stdout.partition(":")[2].split()) if proc.returncode == 0 \
+            else frozenset()
 
     @staticmethod
     def speak_all(items: list[tuple[str, str, str, float]]) -> dict[str, tuple[np.ndarray, int]]:
