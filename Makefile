@@ -60,7 +60,7 @@ TEST_ENV := env -u PYTHONDONTWRITEBYTECODE
 test: $(STAMP) test-deps
 	$(TEST_ENV) $(BIN)/python -m pytest -q -n 2 --dist loadgroup --durations=15
 
-# the unit tier only, for the edit loop: no Ray cluster, no Ray head; two workers, one per core (87 s here)
+# the unit tier only, for the edit loop: no Ray cluster, no Ray head; two workers, one per core (81-84 s here)
 test-fast: $(STAMP)
 	$(TEST_ENV) $(BIN)/python -m pytest -q -m unit -n 2 --dist loadgroup
 
