@@ -23,7 +23,9 @@ Measured for each contender, in the same window:
 
 Every run gets a fresh local Ray instance (`ray.init(num_cpus=2)`), so neither profits from worker
 processes the other left; the contenders run interleaved (`harness.stats.interleaved`, order rotating),
-5 repeats by default, summarised as median [IQR]. Targets (issue 19), for each model: Chorus
+5 repeats by default, summarised as median [IQR]. Each model's entry records the commit and the time
+it was measured at; a run of some of the models (`--models 10m`) keeps the earlier file's entries for
+the others, as they were measured. Targets (issue 19), for each model: Chorus
 samples/s >= 1.10x Ray Train's with the two IQRs apart (`harness.stats.compare` says 'higher'); Chorus
 start-up <= 0.5x Ray Train's. Writes `bench/results/vs_ray_train.json` and `vs_ray_train.png`.
 
@@ -33,6 +35,7 @@ Usage: .venv/bin/python bench/vs_ray_train.py [--models tiny,10m] [--epochs 4] [
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -47,7 +50,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import ray  # noqa: E402
 from harness import ray_train  # noqa: E402
-from harness.results import write_results  # noqa: E402
+from harness.results import commit, write_results  # noqa: E402
 from harness.stats import compare, interleaved, summary  # noqa: E402
 
 from jobs.synth.corpus import synthesize  # noqa: E402
@@ -111,6 +114,7 @@ def compare_on(model: str, corpus: Path, epochs: int, repeats: int) -> dict:
     """Both contenders on one model, interleaved: every run's figures, their summaries, the ratios
     and whether this model meets the targets."""
     runs: dict[str, list[dict]] = {"ray_train": [], "chorus": []}
+    measured = {"commit": commit(), "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
 
     def contender(name: str):
         def measure(_repeat: int) -> float:
@@ -128,7 +132,7 @@ def compare_on(model: str, corpus: Path, epochs: int, repeats: int) -> dict:
     from jobs.workload import AsrWorkload
     spec = job_spec(corpus, epochs, model)
     parameters = sum(p.numel() for p in AsrWorkload(spec.workload_config, seed=spec.seed).build_model().parameters())
-    return {"parameters": parameters, "stats": stats, "samples_per_s": throughput, "startup": startup,
+    return {**measured, "parameters": parameters, "stats": stats, "samples_per_s": throughput, "startup": startup,
             "passed": passed, "runs": runs}
 
 
@@ -157,6 +161,19 @@ def plot(result: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def earlier_entries(path: Path, epochs: int, repeats: int) -> dict:
+    """The models' entries of an earlier run at the same epochs and repeats (none when there is no
+    such file), kept for the models this run does not measure; each says where it was measured, or
+    'earlier run' if it predates that record."""
+    if not path.is_file():
+        return {}
+    earlier = json.loads(path.read_text())
+    if (earlier.get("epochs"), earlier.get("repeats")) != (epochs, repeats):
+        return {}
+    return {model: {"commit": "earlier run", **entry} for model, entry in earlier.get("models", {}).items()
+            if model in MODELS}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated names from MODELS")
@@ -172,9 +189,10 @@ def main() -> int:
     if not (corpus / "corpus.json").is_file():
         synthesize(corpus, utterances=2000, eval_utterances=20, seed=0, progress=False)
     started = time.time()
-    entries = {model: compare_on(model, corpus, args.epochs, args.repeats) for model in models}
+    entries = {**earlier_entries(RESULTS / "vs_ray_train.json", args.epochs, args.repeats),
+               **{model: compare_on(model, corpus, args.epochs, args.repeats) for model in models}}
     result = {"benchmark": "vs_ray_train", "workers": WORKERS, "epochs": args.epochs, "repeats": args.repeats,
-              "model_overrides": {m: MODELS[m] for m in models}, "wall_s": round(time.time() - started, 1),
+              "model_overrides": {m: MODELS[m] for m in entries}, "wall_s": round(time.time() - started, 1),
               "targets": {"samples_per_s_ratio_min": TARGET_THROUGHPUT, "samples_per_s_iqrs_apart": True,
                           "startup_ratio_max": TARGET_STARTUP},
               "models": entries, "passed": all(e["passed"] for e in entries.values())}
