@@ -4,7 +4,8 @@
 process's end, with the holder's pid and host written in it), so a second live run into the same
 folder is refused with one line naming the holder. A folder that already holds files is refused
 too unless the run resumes (`--resume`) or replaces them (`--overwrite`: the files a run writes
-are deleted; anything else in the folder is left alone).
+are deleted, `is_run_file`; anything else in the folder is left alone — the rule a URI's
+`--overwrite` follows too, `storage.py`).
 
 Example:
     >>> run_dir = RunDir("runs/x")
@@ -17,15 +18,25 @@ from __future__ import annotations
 import datetime
 import errno
 import fcntl
+import fnmatch
 import os
 import shutil
 import socket
 from pathlib import Path
 
 LOCK = ".lock"
-# what a run writes (TrainingJob: checkpoints, curves, summary; a sweep trial: trial.json)
+# what a run's driver writes (TrainingJob: checkpoints, curves, summary; a sweep trial: trial.json), and the
+# temporary files its learners and evaluator leave when they die mid-write (their files: `state_store.is_store_file`)
 RUN_FILES = ("checkpoint.pt", "checkpoint-*.pt", "checkpoint-*.pt.corrupt", ".checkpoint*.tmp", "evals.jsonl",
-             "evals.superseded.jsonl", "events.jsonl", "summary.json", "trial.json")
+             "evals.superseded.jsonl", "events.jsonl", "summary.json", "trial.json", ".state-*.pt.tmp",
+             ".model-*.pt.tmp")
+
+
+def is_run_file(name: str) -> bool:
+    """Whether `name` is a file a run writes into its folder (or its URI): what --overwrite deletes."""
+    from orchestrator.checkpoint.state_store import is_store_file  # (torch: loaded once a run's files are looked at)
+
+    return is_store_file(name) or any(fnmatch.fnmatchcase(name, pattern) for pattern in RUN_FILES)
 
 
 class RunDirError(RuntimeError):
@@ -78,7 +89,7 @@ class RunDir:
         return sorted(p.name for p in self.path.iterdir() if p.name != LOCK)
 
     def run_files(self) -> list[Path]:
-        return sorted({p for pattern in RUN_FILES for p in self.path.glob(pattern)})
+        return sorted(p for p in self.path.iterdir() if is_run_file(p.name))
 
     def clear(self) -> None:
         """Delete the files of the previous run (and nothing else)."""

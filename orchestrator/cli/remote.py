@@ -83,7 +83,7 @@ def submit(spec_path, overrides, address, out, resume, working_dir, env, cpus, g
     kind, name, job_id = cluster.submit(spec_path, list(overrides), out=out, resume=resume, working_dir=working_dir,
                                         env=_pairs(env, "--env"), cpus=cpus, gpus=gpus,
                                         resources=_pairs(resources, "--resource", float))
-    click.echo(f"chorus: submitted {kind} {name} to {cluster.address}", err=True)
+    click.echo(f"chorus: submitted {kind} {name} to {cluster.shown}", err=True)
     click.echo(job_id)
     if follow:
         _follow(cluster, job_id)
@@ -123,12 +123,14 @@ def _job_command(name: str):
 @_job_command("status")
 def jobs_status(job_id, address):
     """The status of job ID (its message when it failed) and its metadata as JSON."""
+    from orchestrator.checkpoint.uris import redact
     from orchestrator.cli.submit import Cluster
 
     info = Cluster(address).info(job_id)
-    click.echo(f"{job_id}: {info.status.value}" + (f" ({info.message})" if info.message else ""))
-    click.echo(strict_json.dumps({"submission_id": job_id, "status": info.status.value, "message": info.message,
-                           "entrypoint": info.entrypoint, "metadata": info.metadata,
+    message = redact(info.message) if info.message else info.message  # (a URI --out may carry credentials)
+    click.echo(f"{job_id}: {info.status.value}" + (f" ({message})" if message else ""))
+    click.echo(strict_json.dumps({"submission_id": job_id, "status": info.status.value, "message": message,
+                           "entrypoint": redact(info.entrypoint or ""), "metadata": info.metadata,
                            "start_time": info.start_time, "end_time": info.end_time}))
 
 

@@ -7,22 +7,29 @@ the job's entrypoint (the cluster's `python`): the spec itself travels in the jo
 whatever folder it came from, and the `--set` overrides in its command line, where the
 dashboard shows them. The spec's name and kind are job metadata. Every request
 carries the cluster's token when one is found the way Ray finds it (`RAY_AUTH_TOKEN`, the file
-named by `RAY_AUTH_TOKEN_PATH`, `~/.ray/auth_token`); every failure is a `SubmitError` whose
-message is one line that says what to do.
+named by `RAY_AUTH_TOKEN_PATH`, `~/.ray/auth_token`), with one warning on stderr when it would
+go over plain `http://` to a host other than this one's loopback (`token_in_clear`); every
+failure is a `SubmitError` whose message is one line that says what to do. Addresses are shown
+redacted (`storage.redact`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import ipaddress
 import logging
 import os
 import shlex
+import sys
 import time
+import urllib.parse
 import uuid
 from pathlib import Path
 
 import yaml
+
+from orchestrator.checkpoint.uris import redact
 
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"
 PROJECT = Path(__file__).resolve().parents[2]  # the checkout Chorus runs from (the default working_dir)
@@ -70,6 +77,30 @@ def _bad_token_file(path: str) -> str:
             "on its head node prints it), or unset RAY_AUTH_TOKEN_PATH")
 
 
+def token_in_clear(address: str, token: str | None) -> str | None:
+    """The warning due when `token` would cross the network in clear: sent over plain `http://` to
+    a host that is not this machine's loopback (None otherwise). An address without a scheme is
+    Ray's to resolve (`auto`, `HOST:PORT` of the GCS) and is not judged here."""
+    parts = urllib.parse.urlsplit(address)
+    if not token or parts.scheme.lower() != "http" or _is_loopback(parts.hostname or ""):
+        return None
+    return (f"the Ray token goes to {redact(address)} over plain http://, readable by anyone on the way: use an "
+            "https:// address (a TLS proxy before the dashboard) or an SSH tunnel to a loopback one "
+            "(`ray dashboard cluster.yaml`)")
+
+
+def _is_loopback(host: str) -> bool:
+    if host.lower() == "localhost" or host.lower().endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve anywhere
+        return False
+
+
+_WARNED: set[str] = set()  # the addresses warned about in this process (`token_in_clear`): once each
+
+
 AGENT_WAIT_S = 60.0  # how long a submission waits for a just-started head's job agent
 
 
@@ -79,7 +110,12 @@ class Cluster:
 
     def __init__(self, address: str | None = None):
         self.address = address or DEFAULT_ADDRESS
+        self.shown = redact(self.address)  # the address in messages
         self._token, self.token_from = find_token()
+        warning = token_in_clear(self.address, self._token)
+        if warning and self.address not in _WARNED:
+            _WARNED.add(self.address)
+            print(f"chorus: warning: {warning}", file=sys.stderr)
 
     @functools.cached_property
     def client(self):
@@ -99,19 +135,19 @@ class Cluster:
             raise
         except AuthenticationError as exc:
             if "Authentication failed" in str(exc) and self.token_from:
-                raise SubmitError(WRONG_TOKEN.format(address=self.address, where=self.token_from)) from None
-            raise SubmitError(NO_TOKEN.format(address=self.address)) from None
+                raise SubmitError(WRONG_TOKEN.format(address=self.shown, where=self.token_from)) from None
+            raise SubmitError(NO_TOKEN.format(address=self.shown)) from None
         except (ConnectionError, requests.exceptions.ConnectionError):
-            raise SubmitError(f"cannot reach Ray's dashboard at {self.address}: is the cluster up, and is the "
+            raise SubmitError(f"cannot reach Ray's dashboard at {self.shown}: is the cluster up, and is the "
                               "address its dashboard's (port 8265; `ray dashboard cluster.yaml` opens the "
                               "SSH tunnel to a launched cluster)?") from None
         except RuntimeError as exc:
             if job_id and "404" in str(exc):
-                raise SubmitError(f"no job {job_id} on the cluster at {self.address} "
+                raise SubmitError(f"no job {job_id} on the cluster at {self.shown} "
                                   "(`chorus jobs list` shows its jobs)") from None
             if "exceeds the limit" in str(exc) or "too large" in str(exc).lower():
                 raise SubmitError(f"the project is too large to upload: {_first_line(exc)}") from None
-            raise SubmitError(f"{self.address}: {_first_line(exc)}") from None
+            raise SubmitError(f"{self.shown}: {_first_line(exc)}") from None
         except ValueError as exc:  # Ray's package size check
             raise SubmitError(f"cannot upload the working dir: {_first_line(exc)}") from None
 
@@ -192,7 +228,7 @@ def spec_text(spec_path: Path) -> str:
 
 def _first_line(exc: BaseException) -> str:
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return lines[0] if lines else type(exc).__name__
+    return redact(lines[0]) if lines else type(exc).__name__
 
 
 def validate(spec_path: Path, overrides: list[str]) -> tuple[str, str]:

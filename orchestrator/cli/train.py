@@ -28,19 +28,25 @@ def format_eval(record: dict) -> str:
 @out_and_address
 @click.option("--resume", is_flag=True, help="Continue from the newest usable checkpoint in OUT.")
 @click.option("--overwrite", is_flag=True, help="Replace the run OUT holds (its checkpoints, curves and summary).")
+@click.option("--staging", type=click.Path(file_okay=False, exists=True, path_type=Path), default=None,
+              help="With --resume and a URI OUT: the folder a failed upload kept (the run's newest files), "
+              "resumed from and uploaded.")
 @fail_on_spec_error
-def train(spec_path, overrides, out, address, resume, overwrite):
+def train(spec_path, overrides, out, address, resume, overwrite, staging):
     """Train the job SPEC (YAML); prints one line per evaluation and the summary JSON last."""
     spec = load_spec(spec_file(spec_path), list(overrides))  # a bad spec is refused before torch and Ray load
+    if staging is not None and not (resume and out and "://" in out):
+        raise click.ClickException(f"--staging {staging}: it continues a run at a URI from the folder a failed "
+                                   "upload kept; pass it with --resume and that URI as --out")
     from orchestrator.checkpoint.files import CheckpointError
     from orchestrator.checkpoint.rundir import RunDirError
-    from orchestrator.checkpoint.storage import StorageError
+    from orchestrator.checkpoint.uris import StorageError
     from orchestrator.cluster.capacity import CapacityTimeout
     from orchestrator.cluster.resources import CapacityError
     from orchestrator.driver.job import TrainingDiverged
     from orchestrator.groups.errors import GroupCannotForm
 
-    job = _prepared_job(spec, out or default_out(spec_path, spec.name), address, resume, overwrite)
+    job = _prepared_job(spec, out or default_out(spec_path, spec.name), address, resume, overwrite, staging)
     received = []
 
     def on_signal(signum, frame):  # Ctrl-C, and SIGTERM from `chorus jobs stop` / `ray job stop`
@@ -69,26 +75,34 @@ def train(spec_path, overrides, out, address, resume, overwrite):
     click.echo(strict_json.dumps(summary))
 
 
-def _prepared_job(spec, out, address, resume: bool, overwrite: bool):
+def _prepared_job(spec, out, address, resume: bool, overwrite: bool, staging: Path | None = None):
     """The job, its data checked and its output claimed before Ray starts (a split with nothing
-    usable, a folder in use or holding a run are refused at once); then Ray, and the banner."""
+    usable, a folder or URI in use or holding a run are refused at once); then Ray, and the
+    banner. What the job claimed is released if Ray fails to start (`job.run` releases it after)."""
     from orchestrator.checkpoint.rundir import RunDirError
-    from orchestrator.checkpoint.storage import StorageError
+    from orchestrator.checkpoint.uris import StorageError
     from orchestrator.cluster.runtime import runtime_for
     from orchestrator.driver.job import TrainingJob
 
     runtime = runtime_for(spec, distributed=spec.learners.max > 1 or address is not None)
+    job = None
     try:
         job = TrainingJob(spec, out, report=lambda r: click.echo(format_eval(r)), resume=resume, runtime=runtime,
-                          overwrite=overwrite)
+                          overwrite=overwrite, staging=staging)
         job.workload.check_data()
         job.claim()
     except (RunDirError, StorageError, job_input_errors(spec)) as exc:
+        if job is not None:
+            job.release()  # (its fresh staging folder)
         raise click.ClickException(str(exc)) from None
     if runtime.distributed:
         import ray
 
-        context = ray.init(address=address, log_to_driver=False)
+        try:
+            context = ray.init(address=address, log_to_driver=False)
+        except BaseException:
+            job.release()  # the URI's lock with it: a retry need not wait out its lease
+            raise
         url = getattr(context, "dashboard_url", None)
         click.echo(f"chorus: Ray dashboard at http://{url}" if url else "chorus: Ray dashboard not running")
     n = spec.learners
@@ -122,7 +136,9 @@ def sweep(sweep_path, overrides, out, address, resume):
 
     spec = load_sweep(spec_file(sweep_path), list(overrides))
     if out is not None and "://" in out:
-        raise click.ClickException(f"--out {out}: a sweep's output is a folder (shared storage for a cluster); "
+        from orchestrator.checkpoint.uris import redact
+
+        raise click.ClickException(f"--out {redact(out)}: a sweep's output is a folder (shared storage for a cluster); "
                                    "URIs are for `chorus train`")
     out = Path(out) if out else default_out(sweep_path, spec.name)
     ray.init(address=address, log_to_driver=False)

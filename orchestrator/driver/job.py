@@ -20,6 +20,7 @@ from orchestrator.checkpoint.rundir import RunDir
 from orchestrator.checkpoint.snapshot import RunningJob, Snapshots
 from orchestrator.checkpoint.state_store import StateStore
 from orchestrator.checkpoint.storage import RunStorage
+from orchestrator.checkpoint.uris import StorageError
 from orchestrator.cluster.capacity import Capacity
 from orchestrator.cluster.runtime import runtime_for
 from orchestrator.driver.config import JobSpec
@@ -57,13 +58,15 @@ class TrainingJob:
             holds files is refused: `orchestrator.checkpoint.rundir`).
         keep_checkpoints: how many checkpoints (`checkpoint-<step>.pt`) the folder keeps.
         clock: what the watchdog times learners by (time.time; a test's own).
+        staging: with a URI `out_dir`, the local folder the job works in (default: a fresh one);
+            with `resume`, a folder a failed upload kept is resumed from and uploaded.
     """
 
     def __init__(self, spec: JobSpec, out_dir: str | Path, report: Report | None = None, resume: bool = False,
                  runtime=None, pool=None, overwrite: bool = False, keep_checkpoints: int = KEEP,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, staging: Path | None = None):
         self.runtime = runtime or runtime_for(spec)
-        self.storage = RunStorage(out_dir)
+        self.storage = RunStorage(out_dir, staging)
         self.spec, self.out_dir, self.resume, self.pool = spec, self.storage.local, resume, pool
         self.overwrite, self.clock = overwrite, clock
         self.run_dir = RunDir(self.out_dir)
@@ -129,19 +132,31 @@ class TrainingJob:
         finally:
             try:
                 self.storage.push()  # however the run ends, what it wrote reaches its storage
+            except StorageError as exc:  # its staging folder stays (`release`): say where, and how to push it
+                raise self.storage.kept(exc) from None
             finally:
-                self.run_dir.release()
-                self.storage.close()
+                self.release()
 
     def claim(self) -> None:
-        """Check the output (a URI: what it holds; brought here for a resume) and lock the folder
+        """Lock the output (a URI: its lock, what it holds, brought here for a resume) and the folder
         the job writes in (`RunDir.claim`): `run` does it; the CLI does it first, before Ray."""
         if self.run_dir.held:
             return
-        self.storage.check(resume=self.resume, overwrite=self.overwrite)
-        if self.resume:
-            self.storage.pull()
-        self.run_dir.claim(resume=self.resume, overwrite=self.overwrite)
+        try:
+            self.storage.claim(resume=self.resume, overwrite=self.overwrite, job=self.job_id)
+            if self.resume:
+                self.storage.pull()
+            self.run_dir.claim(resume=self.resume, overwrite=self.overwrite)
+        except BaseException:
+            self.release()
+            raise
+
+    def release(self) -> None:
+        """Give back what `claim` took, on every exit path: the folder's lock, the URI's, and the
+        staging folder once all it holds reached the URI (`RunStorage.close`)."""
+        self.run_dir.release()
+        self.storage.release()
+        self.storage.close()
 
     def _run(self) -> dict:
         self.started_at = time.time()
