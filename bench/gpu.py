@@ -62,11 +62,11 @@ from harness.results import write_results  # noqa: E402
 from harness.stats import compare, interleaved, summary  # noqa: E402
 
 from jobs.synth.corpus import synthesize  # noqa: E402
-from orchestrator.cluster.capacity import place_learners, release  # noqa: E402
 from orchestrator.driver.config import load_spec  # noqa: E402
 from orchestrator.groups.allreduce import AllreduceMember  # noqa: E402
 from orchestrator.groups.gossip import GossipMember  # noqa: E402
 from orchestrator.groups.overlap import BUCKET_BYTES  # noqa: E402
+from orchestrator.testing.groups import FixedLearners  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 WORK = ROOT / "bench" / "work" / "gpu"
@@ -138,9 +138,14 @@ class Peer:
         return f"{ray.util.get_node_ip_address()}:{free_port()}"
 
     def join(self, address: str, rank: int) -> None:
-        from orchestrator.groups.allreduce import join_process_group
+        """The library's own process group, as a plain torch.distributed user makes it (a TCPStore
+        at rank 0): the baseline measures the library, not Chorus's rendezvous."""
+        import datetime
 
-        join_process_group("nccl" if self.device == "cuda" else "gloo", address, rank, 2, timeout_s=600)
+        import torch.distributed as dist
+
+        dist.init_process_group("nccl" if self.device == "cuda" else "gloo", init_method=f"tcp://{address}",
+                                rank=rank, world_size=2, timeout=datetime.timedelta(seconds=600))
 
     def all_reduces(self, numel: int, count: int) -> float:
         import torch.distributed as dist
@@ -215,9 +220,9 @@ class ChorusPair:
             return self.placed[2]
         self.close()
         config = self.gossip_config if kind == "gossip" else self.allreduce_config
-        slots, learners = place_learners(f"gpu-{kind}-{self.millions}m-{time.time_ns()}", 2, 1.0, "linear", config,
-                                         seed=0)
-        self.placed = (kind, slots, learners)
+        fixed = FixedLearners(f"gpu-{kind}-{self.millions}m-{time.time_ns()}", 2, 1.0, "linear", config)
+        learners = fixed.actors
+        self.placed = (kind, fixed, learners)
         if kind == "gossip":
             active, passive = learners
             ray.get([active.join.remote(GossipMember(0, [passive])), passive.join.remote(GossipMember(1, []))])
@@ -232,8 +237,8 @@ class ChorusPair:
 
     def allreduce_wait(self, bucket_bytes: int) -> float:
         reducers = self._learners("allreduce")
-        ip, port = ray.get([reducers[0].ip.remote(), reducers[0].free_port.remote()])
-        ray.get([r.join.remote(AllreduceMember(i, 2, f"{ip}:{port}", "nccl" if ray.get(r.device.remote()) == "cuda"
+        meeting = self.placed[1].meeting()
+        ray.get([r.join.remote(AllreduceMember(i, 2, meeting, "nccl" if ray.get(r.device.remote()) == "cuda"
                                                else "gloo", bucket_bytes=bucket_bytes))
                  for i, r in enumerate(reducers)])
         ray.get([r.run.remote(1, None, None, 0.0) for r in reducers])  # warm-up
@@ -242,7 +247,7 @@ class ChorusPair:
 
     def close(self) -> None:
         if self.placed is not None:
-            release(self.placed[1], self.placed[2])
+            self.placed[1].release()
             self.placed = None
 
 

@@ -62,6 +62,7 @@ from orchestrator.cluster.capacity import place_learners, release  # noqa: E402
 from orchestrator.groups.allreduce import AllreduceMember  # noqa: E402
 from orchestrator.groups.gossip import GossipMember  # noqa: E402
 from orchestrator.groups.overlap import BUCKET_BYTES  # noqa: E402
+from orchestrator.testing.groups import FixedLearners  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 SIZES_M = [1, 10, 30, 100]  # millions of parameters
@@ -144,14 +145,14 @@ class Sizes:
         config = {"data": {"samples": 16 * ALLREDUCE_BATCH, "features": width, "classes": width,
                            "batch_size": ALLREDUCE_BATCH, "compute_seconds": 0.0, "eval_splits": ["dev"]},
                   "model": {"hidden_layers": HIDDEN_LAYERS}}
-        self.reduce_slots, self.reducers = place_learners(f"transport-ar-{millions}m-{time.time_ns()}", 2, 1.0,
-                                                          "linear", config, seed=0)
+        self.reduce_group = FixedLearners(f"transport-ar-{millions}m-{time.time_ns()}", 2, 1.0, "linear", config)
+        self.reducers = self.reduce_group.actors
 
     def allreduce_waits(self, bucket_bytes: int) -> float:
         """The median over a few steps of the seconds a learner waited on the all-reduce after
         backward, with buckets of `bucket_bytes`."""
-        ip, port = ray.get([self.reducers[0].ip.remote(), self.reducers[0].free_port.remote()])
-        ray.get([r.join.remote(AllreduceMember(i, 2, f"{ip}:{port}", bucket_bytes=bucket_bytes))
+        meeting = self.reduce_group.meeting()
+        ray.get([r.join.remote(AllreduceMember(i, 2, meeting, bucket_bytes=bucket_bytes))
                  for i, r in enumerate(self.reducers)])
         ray.get([r.run.remote(1, None, None, 0.0) for r in self.reducers])  # warm-up
         stats = ray.get([r.run.remote(max(2, operations(self.millions) // 2), None, None, 0.0)
@@ -181,7 +182,7 @@ class Sizes:
 
     def close(self) -> None:
         release(self.slots, self.learners)
-        release(self.reduce_slots, self.reducers)
+        self.reduce_group.release()
 
 
 def plot(result: dict, path: Path) -> None:

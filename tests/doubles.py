@@ -130,12 +130,12 @@ class FakeRuntime(RayRuntime):
         self.service: FakeService | None = None
 
     def start_learner(self, job_id: str, learner_id: int, slot, workload: str, workload_config: dict, seed: int,
-                      planner, slowdown: float = 1.0):
+                      planner, slowdown: float = 1.0, secret=None):
         learner = self.make_learner(learner_id, self.nodes[len(self.started) % len(self.nodes)])
         self.started.append(learner)
         return learner
 
-    def start_service(self, job_id: str, gpus: float = 0.0):
+    def start_service(self, job_id: str, gpus: float = 0.0, secret=None):
         self.service = FakeService()
         return self.service
 
@@ -226,7 +226,7 @@ class SimulatedLearner(FakeLearner):
                            "cuda_visible_devices": None, **self._counters()},
             counters=self._counters, run=self._run, heartbeat=lambda: {"step": self.step,
                                                                     "computing_since": self.computing_since},
-            device="cpu", ip="10.0.0.1", free_port=29500 + learner_id, leave=self._leave,
+            device="cpu", ip="10.0.0.1", leave=self._leave,
             set_lr_scale=self._set_lr_scale, model_vector=lambda: torch.full((4,), float(self.step)),
             add_vectors=lambda a, b: a + b, distance_to=lambda total, count: 0.0,
             save_state=self._save_state, load_state_file=self._load_state_file,

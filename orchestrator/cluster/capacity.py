@@ -221,11 +221,12 @@ class Capacity:
 
 
 def place_learners(job_id: str, count: int, cpus_per_learner: float, workload: str, workload_config: dict,
-                   seed: int, timeout_s: float = 120.0):
-    """A fixed set of `count` learners sharing one static shard plan (tests and benchmarks);
-    returns (slots, actors)."""
+                   seed: int, timeout_s: float = 120.0, secret=None):
+    """A fixed set of `count` learners sharing one static shard plan and `secret` (a `JobSecret`;
+    default: a fresh one), for tests and benchmarks; returns (slots, actors)."""
     import ray
 
+    from orchestrator.base.secret import JobSecret
     from orchestrator.cluster.resources import use_gpus
     from orchestrator.cluster.runtime import RayRuntime
     from orchestrator.service.shards import ShardPlanner
@@ -240,6 +241,7 @@ def place_learners(job_id: str, count: int, cpus_per_learner: float, workload: s
             f"the cluster has {ray.available_resources()} available")
     planner = ShardPlanner(list(range(count)))
     runtime = RayRuntime()
-    actors = [runtime.start_learner(job_id, i, slot, workload, workload_config, seed, planner)
+    secret = secret or JobSecret()
+    actors = [runtime.start_learner(job_id, i, slot, workload, workload_config, seed, planner, secret=secret)
               for i, slot in enumerate(slots)]
     return slots, actors

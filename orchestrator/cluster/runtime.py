@@ -131,9 +131,9 @@ class RayRuntime:
 
     @staticmethod
     def start_learner(job_id: str, learner_id: int, slot, workload: str, workload_config: dict, seed: int,
-                      planner, slowdown: float = 1.0):
+                      planner, slowdown: float = 1.0, secret=None):
         """The learner actor `<job>/learner-<id>` in a placed slot (returns at once; its `hello()`
-        answers once it is built)."""
+        answers once it is built); `secret` (the job's) reaches it only as an argument of this call."""
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         from orchestrator.learner.service import LearnerActor
@@ -146,12 +146,13 @@ class RayRuntime:
             name=f"{job_id}/learner-{learner_id}", num_cpus=cpus, num_gpus=gpus, runtime_env={"env_vars": env},
             resources={k: v for k, v in slot.bundle.items() if k not in ("CPU", "GPU")},
             scheduling_strategy=PlacementGroupSchedulingStrategy(slot.pg, placement_group_bundle_index=slot.index),
-        ).remote(workload, workload_config, seed, learner_id, planner, max(1, int(cpus)), slowdown, bool(gpus))
+        ).remote(workload, workload_config, seed, learner_id, planner, max(1, int(cpus)), slowdown, bool(gpus), secret)
 
     @staticmethod
-    def start_service(job_id: str, gpus: float = 0.0):
-        """The job's service (shard planner and evaluator, `job_service.py`) as an actor on the
-        driver's node (losing any other node never loses it), with `gpus` of a GPU (`service_gpus`)."""
+    def start_service(job_id: str, gpus: float = 0.0, secret=None):
+        """The job's service (shard planner, evaluator and rendezvous boards, `job_service.py`) as
+        an actor on the driver's node (losing any other node never loses it), with `gpus` of a GPU
+        (`service_gpus`); `secret` (the job's) reaches it only as an argument of this call."""
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -165,7 +166,7 @@ class RayRuntime:
                                 f"set service_gpus: 0 (evaluate on the CPU) or run the driver on a GPU node")
         return JobServiceActor.options(  # reserving no GPU, it must not take one
             name=f"{job_id}/service", num_cpus=0, num_gpus=gpus, runtime_env={"env_vars": {} if gpus else NO_GPU_ENV},
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote((), gpus > 0)
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote((), gpus > 0, secret)
 
     @staticmethod
     def submit(target, method: str, *args):
@@ -230,7 +231,7 @@ class LocalRuntime:
 
     @staticmethod
     def start_learner(job_id: str, learner_id: int, slot, workload: str, workload_config: dict, seed: int,
-                      planner, slowdown: float = 1.0):
+                      planner, slowdown: float = 1.0, secret=None):
         """The learner, in this process: torch uses the slot's CPUs, or torch's default (the
         machine's cores, or OMP_NUM_THREADS where that is set)."""
         import torch
@@ -238,13 +239,13 @@ class LocalRuntime:
         cpus = slot.bundle.get("CPU")
         threads = int(cpus) if cpus else torch.get_num_threads()
         return InProcessLearner(workload, workload_config, seed, learner_id, planner, threads, slowdown,
-                                bool(slot.bundle.get("GPU")))
+                                bool(slot.bundle.get("GPU")), secret)
 
     @staticmethod
-    def start_service(job_id: str, gpus: float = 0.0):
+    def start_service(job_id: str, gpus: float = 0.0, secret=None):
         from orchestrator.service.job_service import JobService
 
-        return JobService([0], use_gpu=gpus > 0)  # in this process, which may see a GPU
+        return JobService([0], use_gpu=gpus > 0, secret=secret)  # in this process, which may see a GPU
 
     @staticmethod
     def submit(target, method: str, *args):

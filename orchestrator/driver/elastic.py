@@ -32,11 +32,12 @@ class Elastic:
     events: the job's EventLog.
     adopt_checkpoint: called with a newcomer's handle when no learner is alive to start it from:
         it loads the job's last checkpointed state (from the files, not through the driver).
+    secret: the job's `JobSecret`, handed to its learners and its service as they start.
     """
 
     def __init__(self, job_id: str, spec, workload_config: dict, runtime, capacity: Capacity, roster: Roster,
-                 events, adopt_checkpoint=None, clock=time.time):
-        self.job_id, self.spec, self.workload_config = job_id, spec, workload_config
+                 events, adopt_checkpoint=None, clock=time.time, secret=None):
+        self.job_id, self.spec, self.workload_config, self.secret = job_id, spec, workload_config, secret
         self.runtime, self.capacity, self.roster, self.events = runtime, capacity, roster, events
         self.adopt_checkpoint = adopt_checkpoint or (lambda handle: None)
         self.clock = clock  # what drains are polled by
@@ -48,7 +49,7 @@ class Elastic:
         """Ask for `learners.max` slots (`ids` first, e.g. those of a checkpoint), wait until at
         least `learners.min` learners are placed and answer; returns them (not yet in a group)."""
         self.capacity.check(ids)
-        self.service = self.runtime.start_service(self.job_id, self.spec.service_gpus)
+        self.service = self.runtime.start_service(self.job_id, self.spec.service_gpus, secret=self.secret)
         self.capacity.ask([], ids)
         self.runtime.wait(self.capacity.watched(), num_returns=len(self.capacity.pending), timeout=2.0)
         self._start_placed()  # whatever fits now starts together
@@ -73,7 +74,8 @@ class Elastic:
         for learner_id, slot in self.capacity.placed():
             slowdown = self.spec.simulate.slowdown.get(learner_id, 1.0)
             handle = self.runtime.start_learner(self.job_id, learner_id, slot, self.spec.workload,
-                                                self.workload_config, self.spec.seed, self.service, slowdown)
+                                                self.workload_config, self.spec.seed, self.service, slowdown,
+                                                secret=self.secret)
             if self.started:  # joining a running job: start from a live learner's state
                 self._adopt(handle)
             self.roster.arrive(handle.hello.remote(), Arrival(learner_id, handle, slot, time.time()))

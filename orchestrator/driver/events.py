@@ -1,7 +1,9 @@
 """Events of a job — a learner joining, leaving or failing, the group rebalanced or formed again,
-the job waiting for capacity, a rollback after a non-finite loss — written to three places at once: one JSON line
-each in the run's `events.jsonl`, a console line (the `chorus.events` logger, which `chorus train`
-shows on stderr) and the `chorus_membership_events` counter (by kind).
+the job waiting for capacity, a rollback after a non-finite loss, what a learner refused of
+another process (a stranger's connection, a partner's non-finite weights) — written to three
+places at once: one JSON line each in the run's `events.jsonl`, a console line (the
+`chorus.events` logger, which `chorus train` shows on stderr) and the `chorus_membership_events`
+counter (by kind).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from orchestrator.base import strict_json
 
 log = logging.getLogger("chorus.events")
 
-KINDS = ("join", "leave", "failure", "drain", "rebalance", "waiting", "rollback", "regroup")
+KINDS = ("join", "leave", "failure", "drain", "rebalance", "waiting", "rollback", "regroup", "refused")
 
 
 class EventLog:
@@ -27,6 +29,7 @@ class EventLog:
     def __init__(self, path: Path, metrics, started_at: float):
         self.path, self.metrics, self.started_at = Path(path), metrics, started_at
         self.recorded: list[dict] = []
+        self.refused: dict[str, int] = {}  # what the learners refused of other processes, by reason, in all
 
     def emit(self, kind: str, message: str, **fields) -> dict:
         """Record one event; `message` is the console line, `fields` go into the JSON record."""
@@ -42,3 +45,13 @@ class EventLog:
         self.metrics.event(kind)
         log.info("%s: %s", kind, message)
         return record
+
+    def refusals(self, learner_id: int, counts: dict[str, int] | None) -> None:
+        """What a learner refused since its last report (strangers' connections, tensors that were
+        not finite), as one `refused` event; the counts add up in `refused` (the summary's)."""
+        if not counts:
+            return
+        for what, count in counts.items():
+            self.refused[what] = self.refused.get(what, 0) + count
+        self.emit("refused", f"learner {learner_id} refused " + "; ".join(
+            f"{count} x {what}" for what, count in sorted(counts.items())), learner=learner_id, counts=counts)

@@ -12,9 +12,12 @@ group forms is dropped, and the group is formed again without it.
 from __future__ import annotations
 
 import re
+import secrets
+import time
 
 from orchestrator.driver.roster import reason
 from orchestrator.groups.errors import GroupCannotForm
+from orchestrator.groups.rendezvous import Meeting
 from orchestrator.groups.strategies import strategy_for
 
 JOIN_TIMEOUT_S = 60.0  # a member that has not joined its group by then (rendezvous takes <= 15 s) is stuck
@@ -28,14 +31,17 @@ class Group:
     Args:
     job_id, spec: the job; runtime: where learners run; roster: the job's learners.
     elastic: drops learners that die while the group forms; events: the job's EventLog.
+    clock: what a formation's bound is timed by (time.time; a test's own).
     """
 
-    def __init__(self, job_id: str, spec, runtime, roster, elastic, events):
-        self.job_id, self.spec, self.runtime, self.roster = job_id, spec, runtime, roster
+    def __init__(self, job_id: str, spec, runtime, roster, elastic, events, clock=time.time):
+        self.job_id, self.spec, self.runtime, self.roster, self.clock = job_id, spec, runtime, roster, clock
         self.elastic, self.events = elastic, events
         self.strategy = strategy_for(spec, runtime.distributed)
         self._failed_forms = 0
         self._same_failure: tuple[str, int] = ("", 0)  # (every member's join error, forms in a row)
+        self.meetings = Meetings(runtime, elastic)
+        self.meeting = self.meetings.new  # what strategies ask (`strategies.Rendezvous`), with `backend`
 
     @property
     def name(self) -> str:
@@ -71,10 +77,6 @@ class Group:
             return None
 
     # -- what strategies ask of learners (`strategies.Rendezvous`) --------------------------------
-    def address(self, handle) -> str:
-        ip, port = self.runtime.get([handle.ip.remote(), handle.free_port.remote()])
-        return f"{ip}:{port}"
-
     def backend(self, handles) -> str:
         devices = set(self.runtime.get([h.device.remote() for h in handles]))
         return "nccl" if devices == {"cuda"} else "gloo"
@@ -85,6 +87,7 @@ class Group:
         it), or a join failed because of another member (the others stay)."""
         roster = self.roster
         roster.order = self.strategy.order(roster)
+        self.meetings.forget()
         try:
             members = self.strategy.members(roster, self)
         except Exception as exc:  # noqa: BLE001 - a member died while being asked its device or address
@@ -103,25 +106,33 @@ class Group:
         return self._joined(refs)
 
     def _joined(self, joins: dict) -> bool:
-        """Wait (bounded) for every member's join; drop those that died or never answered. When
-        every member's join failed the same way and nobody died, SAME_FAILURE_FORMS times in a
-        row, the cause is not a member: `GroupCannotForm` stops the job, naming it."""
-        ready = self.runtime.wait(list(joins), num_returns=len(joins), timeout=JOIN_TIMEOUT_S)
-        again, dropped, failures = len(ready) < len(joins), len(ready) < len(joins), []
-        for ref in [r for r in joins if r not in ready]:
-            self.elastic.drop(joins[ref], f"stuck: no answer {JOIN_TIMEOUT_S:g} s into joining its group")
-        for ref in ready:
-            try:
-                self.runtime.get(ref)
-            except Exception as exc:  # noqa: BLE001 - it died, or a peer did and the join failed
-                again = True
-                if self.runtime.is_gone(exc):
-                    self.elastic.drop(joins[ref], exc)
-                    dropped = True
-                else:
-                    failures.append(reason(exc))
-                    self.events.emit("regroup", f"learner {joins[ref]} could not join its group "
-                                     f"({reason(exc)}); forming it again", learner=joins[ref])
+        """Wait (bounded) for every member's join; drop those that died or never answered (a death
+        calls the formation's rendezvous off, so the others fail at once instead of waiting for
+        it). When every member's join failed the same way and nobody died, SAME_FAILURE_FORMS
+        times in a row, the cause is not a member: `GroupCannotForm` stops the job, naming it."""
+        pending, deadline, failures = dict(joins), self.clock() + JOIN_TIMEOUT_S, []
+        again = dropped = False
+        while pending:
+            ready = self.runtime.wait(list(pending), num_returns=1, timeout=max(0.0, deadline - self.clock()))
+            if not ready:
+                break
+            for ref in ready:
+                learner_id = pending.pop(ref)
+                try:
+                    self.runtime.get(ref)
+                except Exception as exc:  # noqa: BLE001 - it died, or a peer did and the join failed
+                    again = True
+                    if self.runtime.is_gone(exc):
+                        self.elastic.drop(learner_id, exc)
+                        dropped = True
+                        self.meetings.call_off(f"learner {learner_id} is gone")
+                    else:
+                        failures.append(reason(exc))
+                        self.events.emit("regroup", f"learner {learner_id} could not join its group "
+                                         f"({reason(exc)}); forming it again", learner=learner_id)
+        for learner_id in pending.values():
+            self.elastic.drop(learner_id, f"stuck: no answer {JOIN_TIMEOUT_S:g} s into joining its group")
+            again = dropped = True
         self._check_repeating(failures if not dropped and len(failures) == len(joins) > 1 else [])
         self._failed_forms = self._failed_forms + 1 if again else 0
         if self._failed_forms > MAX_FAILED_FORMS:
@@ -214,3 +225,34 @@ class Group:
                          "samples_per_s": round(sum(s.speed or 0.0 for s in mine), 2),
                          "share": round(sum(shares.get(s.id, 0.0) for s in mine), 4) if shares else None}
         return out
+
+
+class Meetings:
+    """Where a formation's process groups meet: a fresh board of the job's service per group
+    (`groups/rendezvous.py`), called off when a member dies while the others wait on it, and
+    forgotten when the next formation begins.
+
+    Args: runtime; elastic (its `service` hosts the boards)."""
+
+    def __init__(self, runtime, elastic):
+        self.runtime, self.elastic = runtime, elastic
+        self.boards: list[str] = []  # the boards of the last formation
+
+    def new(self, handles) -> Meeting:
+        """A meeting for a process group of `handles`: a fresh board, their node addresses (the only
+        ones its listeners admit)."""
+        peers = self.runtime.get([h.ip.remote() for h in handles])
+        meeting = Meeting(self.elastic.service, secrets.token_hex(12), peers)
+        self.boards.append(meeting.name)
+        return meeting
+
+    def call_off(self, why: str) -> None:
+        """The formation's members still waiting at its rendezvous fail now (`why`)."""
+        for name in self.boards:
+            self.runtime.submit(self.elastic.service, "abort_board", name, why)
+
+    def forget(self) -> None:
+        """The last formation's boards are done with: a new one begins."""
+        if self.boards and self.elastic.service is not None:
+            self.runtime.submit(self.elastic.service, "forget_boards", self.boards)
+        self.boards = []

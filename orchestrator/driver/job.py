@@ -14,13 +14,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from orchestrator.base import strict_json
+from orchestrator.base.secret import JobSecret
 from orchestrator.checkpoint.files import KEEP, LATEST, resume_from
 from orchestrator.checkpoint.job_checkpoint import CheckpointFiles, JobCheckpoint, restore_curve
-from orchestrator.checkpoint.rundir import RunDir
+from orchestrator.checkpoint.output import RunOutput
 from orchestrator.checkpoint.snapshot import RunningJob, Snapshots
 from orchestrator.checkpoint.state_store import StateStore
-from orchestrator.checkpoint.storage import RunStorage
-from orchestrator.checkpoint.uris import StorageError
 from orchestrator.cluster.capacity import Capacity
 from orchestrator.cluster.runtime import runtime_for
 from orchestrator.driver.config import JobSpec
@@ -66,10 +65,9 @@ class TrainingJob:
                  runtime=None, pool=None, overwrite: bool = False, keep_checkpoints: int = KEEP,
                  clock: Callable[[], float] = time.time, staging: Path | None = None):
         self.runtime = runtime or runtime_for(spec)
-        self.storage = RunStorage(out_dir, staging)
-        self.spec, self.out_dir, self.resume, self.pool = spec, self.storage.local, resume, pool
-        self.overwrite, self.clock = overwrite, clock
-        self.run_dir = RunDir(self.out_dir)
+        self.output = RunOutput(out_dir, staging, resume, overwrite)  # its folder or URI, and their locks
+        self.storage = self.output.storage
+        self.spec, self.out_dir, self.resume, self.pool, self.clock = spec, self.output.local, resume, pool, clock
         self.report = report or (lambda record: None)
         self.workload = build_workload(spec.workload, spec.workload_config, spec.seed)  # the driver's: data checks
         # what the job's evaluator builds its workload from (it runs in the job's service, not here)
@@ -78,6 +76,7 @@ class TrainingJob:
         self.store = StateStore(self.storage.uri or self.out_dir.resolve())
         self.checkpoints = CheckpointFiles(self.out_dir, self.store, self.storage, keep_checkpoints)
         self.job_id = f"{spec.name}-{uuid.uuid4().hex[:6]}"
+        self.secret = JobSecret()  # fresh per job; it reaches learners and service only through Ray's calls
         self.recovery = RecoveryLog()
         self.rollbacks = Rollbacks(self.store, self.workload.max_rollbacks, self._emit)
         self.snapshots = Snapshots(self.checkpoints, spec.model_dump(mode="json"), self.rollbacks,
@@ -130,33 +129,15 @@ class TrainingJob:
         try:
             return self._run()
         finally:
-            try:
-                self.storage.push()  # however the run ends, what it wrote reaches its storage
-            except StorageError as exc:  # its staging folder stays (`release`): say where, and how to push it
-                raise self.storage.kept(exc) from None
-            finally:
-                self.release()
+            self.output.finish()  # however the run ends, what it wrote reaches its storage; locks given back
 
     def claim(self) -> None:
-        """Lock the output (a URI: its lock, what it holds, brought here for a resume) and the folder
-        the job writes in (`RunDir.claim`): `run` does it; the CLI does it first, before Ray."""
-        if self.run_dir.held:
-            return
-        try:
-            self.storage.claim(resume=self.resume, overwrite=self.overwrite, job=self.job_id)
-            if self.resume:
-                self.storage.pull()
-            self.run_dir.claim(resume=self.resume, overwrite=self.overwrite)
-        except BaseException:
-            self.release()
-            raise
+        """Lock the output and the folder the job writes in (`RunOutput.claim`): `run` does it; the
+        CLI does it first, before Ray (and `release`s it if Ray does not start)."""
+        self.output.claim(self.job_id)
 
     def release(self) -> None:
-        """Give back what `claim` took, on every exit path: the folder's lock, the URI's, and the
-        staging folder once all it holds reached the URI (`RunStorage.close`)."""
-        self.run_dir.release()
-        self.storage.release()
-        self.storage.close()
+        self.output.release()
 
     def _run(self) -> dict:
         self.started_at = time.time()
@@ -211,8 +192,8 @@ class TrainingJob:
         capacity = Capacity(self.job_id, spec, self.runtime, self.pool)
         self.elastic = Elastic(self.job_id, spec, spec.workload_config.model_dump(mode="json"), self.runtime,
                                capacity, self.roster, self.events, adopt_checkpoint=self.rollbacks.adopt,
-                               clock=self.clock)
-        self.group = Group(self.job_id, spec, self.runtime, self.roster, self.elastic, self.events)
+                               clock=self.clock, secret=self.secret)
+        self.group = Group(self.job_id, spec, self.runtime, self.roster, self.elastic, self.events, self.clock)
         self.snapshots.attach(RunningJob(self.runtime, self.roster, self.group, self.elastic, self.metrics,
                                          self.store, self.workload_args))
 
@@ -239,6 +220,7 @@ class TrainingJob:
         if slot is None:
             return None
         slot.observe(stats)
+        self.events.refusals(learner_id, stats.get("refused"))
         self.watchdog.observe(learner_id, stats["step_seconds"])
         self.metrics.learner_chunk(learner_id, stats)
         if slot.speed is not None:

@@ -35,7 +35,7 @@ METRICS = {
     "chorus_consensus_distance": ("gauge", "Mean L2 distance of each learner's weights to their average",
                                   ("chorus_job",)),
     "chorus_membership_events": ("counter", "Membership events: join, leave, failure, rebalance, waiting, "
-                                 "rollback, regroup",
+                                 "rollback, regroup, refused",
                                  ("chorus_job", "kind")),
     "chorus_learner_speed": ("gauge", "A learner's measured speed: utterances per second of its own compute "
                              "(communication excluded), a rolling mean", ("chorus_job", "learner")),

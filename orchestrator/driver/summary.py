@@ -38,6 +38,7 @@ def summarize(job, train_wall: float, wall: float, first_loss: float | None) -> 
         "sent_bytes": sent,  # per live learner: what its group communication sent over the run
         "sent_bytes_per_s": round(sum(sent.values()) / max(train_wall, 1e-9)),
         "events": events,
+        "refused": dict(sorted(job.events.refused.items())),  # what learners refused of other processes, by reason
         "recoveries": job.recoveries,
         "nodes": job.elastic.nodes_used(),
         "accelerators": job.group.by_accelerator(),

@@ -17,6 +17,13 @@ ends the epoch too.
 The group is re-formed, not restarted, when members come or go: every member joins a new process
 group and rank 0's weights are broadcast to all, so a newcomer starts from the group's weights
 and replicas that a failed step left one update apart agree again.
+
+Members meet on a board of the job's service (`rendezvous.py`: no TCPStore, no rendezvous port);
+the library's listeners admit only the members' addresses and every pair of members proves the
+job's secret over its own connection before any weights flow (`guard.py`). A sum that is not
+finite is refused by every member alike (they all hold the same bits): the step's update is
+skipped on all of them, counted as a refusal, and its loss still reaches the driver (a
+non-finite loss rolls the job back, `driver/rollback.py`).
 """
 
 from __future__ import annotations
@@ -28,10 +35,16 @@ import torch
 import torch.distributed as dist
 
 from orchestrator.base.flat import GRAD_TAIL
+from orchestrator.groups.checks import finite
 from orchestrator.groups.errors import GroupBroken
+from orchestrator.groups.guard import ListenerGuard, verify_members
 from orchestrator.groups.host_reduce import HostReduce, ring_bytes
 from orchestrator.groups.network import bind_to
 from orchestrator.groups.overlap import GradientBuckets
+from orchestrator.groups.rendezvous import Meeting, RendezvousStore
+
+REFUSED_SUM = "a group's gradient sum that is not finite"
+REFUSED_BROADCAST = "a group's broadcast weights that are not finite"
 
 
 class AllreduceMember:
@@ -39,7 +52,7 @@ class AllreduceMember:
 
     Args:
     rank, world_size: this learner's place in the process group.
-    address: `host:port` of rank 0's rendezvous.
+    meeting: where the members meet (`rendezvous.Meeting`).
     backend: `gloo` or `nccl`.
     bucket_bytes: gradient bytes per all-reduce bucket started during backward (`overlap.py`);
         None (the default): one all-reduce after backward.
@@ -53,25 +66,30 @@ class AllreduceMember:
     lockstep = True
     stops_alone = False
 
-    def __init__(self, rank: int, world_size: int, address: str, backend: str = "gloo", timeout_s: float = 120,
+    def __init__(self, rank: int, world_size: int, meeting: Meeting, backend: str = "gloo", timeout_s: float = 120,
                  bucket_bytes: int | None = None, interface: str | None = None,
                  hosts: list[list[int]] | None = None, compression: str = "none"):
-        self.rank, self.world_size, self.address, self.backend = rank, world_size, address, backend
+        self.rank, self.world_size, self.meeting, self.backend = rank, world_size, meeting, backend
         self.timeout_s, self.bucket_bytes, self.interface = timeout_s, bucket_bytes, interface
         self.hosts, self.compression = hosts, compression
         self.buckets: GradientBuckets | None = None  # made in the learner's process
         self.by_host: HostReduce | None = None  # likewise
 
     def setup(self, learner) -> None:
-        join_process_group(self.backend, self.address, self.rank, self.world_size, self.timeout_s,
-                           node_address=learner.node_address, interface=self.interface)
-        broadcast_weights(learner, self.rank)
-        broadcast_counters(learner, self.rank)
+        guard = join_process_group(self.backend, self.meeting, self.rank, self.world_size, self.timeout_s, learner,
+                                   interface=self.interface)
         if self.bucket_bytes:
             self.buckets = GradientBuckets(learner.params, learner.flat_grads(), self.bucket_bytes, collective)
         elif self.compression != "none" or (self.hosts and 1 < len(self.hosts) < self.world_size):
             self.by_host = HostReduce(self.rank, self.hosts or [[r] for r in range(self.world_size)],
-                                      self.compression, collective, self.timeout_s)
+                                      self.compression, collective, self.timeout_s,
+                                      verify=lambda group, ranks, name: verify_members(
+                                          learner.secret, f"{self.meeting.name}/{name}", ranks.index(self.rank),
+                                          len(ranks), group, learner.device))
+        guard.apply()  # listeners of the groups made just now (NCCL's are made at their first collective)
+        broadcast_weights(learner, self.rank)
+        broadcast_counters(learner, self.rank)
+        guard.apply()
 
     def step(self, learner) -> None:
         size = reduce_gradients(learner, learner.next_batch(), self.buckets)
@@ -99,42 +117,64 @@ class AllreduceMember:
         leave_process_group()
 
 
-RENDEZVOUS_TIMEOUT_S = 15.0  # joining waits this long for the other ranks (a dead rank 0 ends it)
-CONNECT_PACING_S = 0.01  # rank r connects to rank 0's store r x this late: when ~20 or more ranks
-# connect at once, some connections stall for 5 s (or 10 s) inside TCPStore's connect. Measured
-# with 28-29 plain Ray actors joining one gloo group on this machine, all at once: 0.40-10.2 s per
-# join (7 of 11 joins >= 5 s); paced by 10 ms: 0.40-0.63 s (4 joins). Ranks still join concurrently.
+RENDEZVOUS_TIMEOUT_S = 15.0  # joining waits this long for the other ranks (the driver calls it off sooner
+# when a member dies meanwhile)
+CONNECT_PACING_S = 0.01  # rank r joins r x this late: when ~20 or more ranks connect at once, some
+# connections stalled for 5 s (or 10 s) inside TCPStore's connect (28-29 Ray actors joining one gloo
+# group on this machine, all at once: 0.40-10.2 s per join; paced by 10 ms: 0.40-0.63 s). The
+# rendezvous is no TCPStore any more, but gloo's members still connect to each other all at once
 
 
-def join_process_group(backend: str, address: str, rank: int, world_size: int, timeout_s: float,
-                       place: int | None = None, node_address: str | None = None,
-                       interface: str | None = None) -> None:
-    """Leave any process group this process is in and join a new one (blocks until all ranks have
-    met and connected, at most RENDEZVOUS_TIMEOUT_S each; `timeout_s` bounds each collective after
-    that). The group's connections go over `interface`, or the one holding `node_address` (this
-    learner's node's address: `network.bind_to`). `place`: this member's place among everyone who
-    joins a group at this moment (default: its rank), which paces its connection
-    (CONNECT_PACING_S)."""
+def join_process_group(backend: str, meeting: Meeting, rank: int, world_size: int, timeout_s: float, learner,
+                       place: int | None = None, interface: str | None = None) -> ListenerGuard:
+    """Leave any process group this process is in and join a new one at `meeting` (blocks until all
+    ranks have met, connected and proven the job's secret to each other, at most
+    RENDEZVOUS_TIMEOUT_S each; `timeout_s` bounds each collective after that). The group's
+    connections go over `interface`, or the one holding the learner's node address
+    (`network.bind_to`), and its listeners admit only the members' addresses (`guard.py`).
+    `place`: this member's place among everyone who joins a group at this moment (default: its
+    rank), which paces its connection (CONNECT_PACING_S). Returns the guard, for the listeners the
+    member's later setup opens."""
     leave_process_group()
-    host, port = address.rsplit(":", 1)
-    if node_address is not None or interface is not None:
-        bind_to(node_address, interface, peer=host)
+    if learner.node_address is not None or interface is not None:
+        bind_to(learner.node_address, interface, peer=meeting.peers[0] if meeting.peers else None)
     time.sleep((rank if place is None else place) * CONNECT_PACING_S)
-    store = dist.TCPStore(host, int(port), world_size, is_master=rank == 0,
-                          timeout=timedelta(seconds=RENDEZVOUS_TIMEOUT_S))
+    guard = ListenerGuard(meeting.peers)
+    store = RendezvousStore(meeting, learner.secret, RENDEZVOUS_TIMEOUT_S, before_publish=guard.apply)
+    _holding["store"] = store  # the group's C++ side calls back into this Python object while it lives
     # connecting to every peer is bounded by the rendezvous's timeout (a peer that advertised an
     # address nobody can reach fails the join in seconds, not after the collectives' timeout)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=RENDEZVOUS_TIMEOUT_S))
+    guard.apply()
+    try:
+        verify_members(learner.secret, meeting.name, rank, world_size, device=learner.device)
+    except GroupBroken:
+        learner.refusals.refuse("a forming group", "a group member that did not prove the job's secret")
+        leave_process_group()
+        raise
     dist.distributed_c10d.set_timeout(timedelta(seconds=timeout_s))
+    return guard
+
+
+_holding: dict[str, RendezvousStore] = {}  # the process group's store: a Python store whose Python object
+# is collected leaves c10d calling into nothing ("fn INTERNAL ASSERT FAILED ... Not implemented."), so the
+# process keeps it for as long as its group lives (`new_group` and NCCL's first collective use it later)
 
 
 def leave_process_group() -> None:
+    """Leave this process's group, if any, so that its next group is made as a newcomer's is."""
     if dist.is_initialized():
         try:
             dist.destroy_process_group()
         except RuntimeError:  # a broken group (a member died) may fail to shut down cleanly
             pass
+    _holding.pop("store", None)
+    # c10d names a process's groups, and so their keys at the rendezvous, by a count of the groups it
+    # made, which only a complete destroy resets: a join that failed inside `init_process_group` (its
+    # rendezvous called off) or a destroy that failed midway leave it counting, and the next group's
+    # members would then wait for each other's keys under different names. Every member starts at 0.
+    dist.distributed_c10d._world.group_count = 0
 
 
 def collective(op, *args, **kwargs):
@@ -151,11 +191,16 @@ def collective(op, *args, **kwargs):
 
 
 def broadcast_weights(learner, rank: int) -> None:
-    """Everyone takes rank 0's weights."""
+    """Everyone takes rank 0's weights (weights that are not finite are refused: a member keeps
+    its own, and a non-finite loss of rank 0 rolls the job back)."""
     weights = learner.flat_weights(on_device=True)
     collective(dist.broadcast, weights, src=0)
-    if rank != 0:
+    if rank == 0:
+        return
+    if finite(weights):
         learner.load_flat_weights(weights)
+    else:
+        learner.refusals.refuse("the group's rank 0", REFUSED_BROADCAST)
 
 
 def broadcast_counters(learner, rank: int) -> None:
@@ -219,6 +264,9 @@ def apply_reduced_gradients(learner, buf: torch.Tensor, size: int) -> None:
     left, total = float(buf[-3]), float(buf[-2])
     if total > 0:
         buf[:-GRAD_TAIL].div_(total)
-        learner.apply_step(float(buf[-1]) / total, size)
+        update = finite(buf[:-GRAD_TAIL])  # the same bits on every member: all refuse alike
+        if not update:
+            learner.refusals.refuse("the group", REFUSED_SUM)
+        learner.apply_step(float(buf[-1]) / total, size, update=update)
     if left == 0:
         learner.start_next_epoch()

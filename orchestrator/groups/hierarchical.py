@@ -36,7 +36,7 @@ class HierarchicalMember:
 
     Args:
     node_rank, node_size: this learner's place in its node's group (rank 0 leads).
-    node_address: `host:port` of the node leader's rendezvous.
+    meeting: where the node's members meet (`rendezvous.Meeting`).
     leader: the leaders' gossip member (for node_rank 0; None otherwise).
     interface: the network interface of the node's group (`group.interface`; None: the node address's).
     """
@@ -44,19 +44,20 @@ class HierarchicalMember:
     lockstep = False  # nodes run free; inside a node the collective keeps members in step
     stops_alone = False
 
-    def __init__(self, node_rank: int, node_size: int, node_address: str, leader: GossipMember | None,
+    def __init__(self, node_rank: int, node_size: int, meeting, leader: GossipMember | None,
                  backend: str = "gloo", timeout_s: float = 120, place: int | None = None,
                  interface: str | None = None):
-        self.node_rank, self.node_size, self.node_address = node_rank, node_size, node_address
+        self.node_rank, self.node_size, self.meeting = node_rank, node_size, meeting
         self.leader, self.backend, self.timeout_s, self.place = leader, backend, timeout_s, place
         self.interface = interface
 
     def setup(self, learner) -> None:
         if self.node_size > 1:
-            join_process_group(self.backend, self.node_address, self.node_rank, self.node_size, self.timeout_s,
-                               self.place, node_address=learner.node_address, interface=self.interface)
+            guard = join_process_group(self.backend, self.meeting, self.node_rank, self.node_size, self.timeout_s,
+                                       learner, self.place, interface=self.interface)
             broadcast_weights(learner, self.node_rank)
             broadcast_counters(learner, self.node_rank)
+            guard.apply()  # NCCL's listeners, made at the group's first collective
         else:
             leave_process_group()
 

@@ -40,19 +40,27 @@ class HostReduce:
     compression: how leaders send their hosts' sums (`none`, `bf16`, `int8`).
     collective: runs a torch.distributed call, raising GroupBroken when a member is gone.
     timeout_s: bounds each collective of the groups made here.
+    verify: called as `verify(group, ranks, name)` on each group made here that this member is in,
+        once made (`guard.verify_members`: its members prove the job's secret to each other).
     """
 
-    def __init__(self, rank: int, hosts: list[list[int]], compression: str, collective, timeout_s: float):
+    def __init__(self, rank: int, hosts: list[list[int]], compression: str, collective, timeout_s: float,
+                 verify=None):
         self.rank, self.collective, self.codec = rank, collective, codec_for(compression)
+        verify = verify or (lambda group, ranks, name: None)
         timeout = timedelta(seconds=timeout_s)
         self.host, self.host_group, self.leaders_group = [rank], None, None
-        for ranks in hosts:  # every member makes every group, in the same order
+        for k, ranks in enumerate(hosts):  # every member makes every group, in the same order
             group = dist.new_group(sorted(ranks), timeout=timeout) if len(ranks) > 1 else None
             if rank in ranks:
                 self.host, self.host_group = sorted(ranks), group
+                if group is not None:
+                    verify(group, self.host, f"host-{k}")
         self.leaders = [min(ranks) for ranks in hosts]
         if len(self.leaders) > 1:
             self.leaders_group = dist.new_group(sorted(self.leaders), timeout=timeout)
+            if rank in self.leaders:
+                verify(self.leaders_group, sorted(self.leaders), "leaders")
         self.leader = rank == self.host[0]
         self.residual: Residual | None = None
         self._total: torch.Tensor | None = None  # the leaders' decoded sum (kept: a fresh one costs its page faults)

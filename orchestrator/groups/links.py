@@ -21,38 +21,45 @@ no step of its own is lost). A link with an exchange in flight takes no second o
 mixes with its other partner meanwhile. The passive holds its weight lock only to take its
 copy and to settle, never while bytes travel; its own steps go on meanwhile.
 
-Opening a link is the only Ray call: the active asks the passive (`open_link`) to start its side
-in a thread, then both meet at a rendezvous in a TCP store the active hosts. The passive serves
-each link in a thread of its own (blocked in a receive, which releases the GIL) until the active
-closes it or goes away. A partner that is gone costs its neighbour that one exchange: a broken
-link fails its send or receive at once (the kernel closes a dead process's sockets), or after
-LINK_TIMEOUT_S (a host cut off); a partner whose actor Ray reports dead is not asked again, and
-one that did not answer is not asked again for OPEN_BACKOFF_S; a learner whose own rendezvous
-store could not start opens no link for OPEN_BACKOFF_S.
+Opening a link is the only Ray call: the active asks the passive (`open_link`) to expect a link
+of a fresh random id; the passive's `channel.LinkListener` (one per learner, bound to its node's
+address) then takes the active's connection once it has proven the job's secret (`channel.py`),
+and serves the link in a thread of its own (blocked in a receive, which releases the GIL) until
+the active closes it or goes away. A partner that is gone costs its neighbour that one exchange:
+a broken link fails its send or receive at once (the kernel closes a dead process's sockets), or
+after LINK_TIMEOUT_S (a host cut off); a partner whose actor Ray reports dead is not asked again,
+and one that did not answer (or whose listener did not prove the secret) is not asked again for
+OPEN_BACKOFF_S.
+
+What a side receives is checked before it is used (`checks.received_weights`: finite, and a norm
+within NORM_RATIO of its own): a payload that fails is refused, the link dropped and the refusal
+counted (`refused`); the learner trains on. Sizes on a link never come from the wire: both ends
+know the payload's length from the codec and the model.
 
 Both ends bind the link to their node's address (`learner.node_address`), or to the interface
-the spec names (`group.interface`). Weights travel as CPU tensors (gloo); a learner on a GPU
-stages them through host memory. NCCL links for GPU learners are not built.
+the spec names (`group.interface`). Weights travel as CPU tensors; a learner on a GPU stages them
+through host memory.
 """
 
 from __future__ import annotations
 
-import os
+import secrets
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import timedelta
 
 import ray
 import torch
-import torch.distributed as dist
 
+from orchestrator.groups.channel import LINK_ID_BYTES, Channel, ChannelRefused, connect
+from orchestrator.groups.checks import received_weights
 from orchestrator.groups.compression import codec_for
+from orchestrator.groups.network import interfaces
 
 # what a Ray call raises when the partner's actor or node died (ActorUnavailableError, a subclass
 # of RayActorError, is a temporary loss of contact: a retry, not a death)
 PARTNER_GONE = (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError, ray.exceptions.NodeDiedError)
-OPEN_TIMEOUT_S = 5.0  # opening a link: the partner's answer, then the rendezvous
+OPEN_TIMEOUT_S = 5.0  # opening a link: the partner's answer, then the connection and its handshake
 OPEN_BACKOFF_S = 5.0  # a partner that did not answer is not asked again for this long
 CLOSE_WAIT_S = 2.0  # closing a link waits this long for the partner to take the message
 IDLE_S = 600.0  # a passive whose active sent nothing for this long ends its side (an active that vanished
@@ -64,22 +71,33 @@ LINK_TIMEOUT_S = 300.0  # a send or receive on an open link fails after this lon
 ANSWER_WAIT_S = 10.0  # at the job's end, how long a passive waits for the exchanges it serves to settle
 KEEPS_UP = 1.5  # a link keeps up while its exchanges take at most this x a step's computation
 MIN_WAIT_S = 1.0  # ... and then the active waits up to a step's computation, at least this long
-HEADER, TO_PASSIVE, TO_ACTIVE = 0, 1, 2  # message tags
+HEADER_BYTES = 8  # what the active asks, before each exchange's payload
 EXCHANGE, CLOSE = 1, 0  # what a header asks
-
-
-def pair_group(store, key: str, rank: int, host: str | None, interface: str | None = None):
-    """The 2-process gloo group of one link (rank 0 the active), on the node's own address."""
-    options = dist.ProcessGroupGloo._Options()
-    device = dist.ProcessGroupGloo.create_device(interface=interface) if interface else \
-        dist.ProcessGroupGloo.create_device(hostname=host)
-    options._devices = [device]
-    options._timeout = timedelta(seconds=LINK_TIMEOUT_S)
-    return dist.ProcessGroupGloo(dist.PrefixStore(key, store), rank, 2, options)
+REFUSED_WEIGHTS = "weights that are not finite or far out of scale (checks.received_weights)"
 
 
 def node_address(learner) -> str:
     return getattr(learner, "node_address", None) or ray.util.get_node_ip_address()
+
+
+def bind_address(learner, interface: str | None) -> str:
+    """The address a link binds to: `group.interface`'s first IPv4 address, else the learner's
+    node address (never a wildcard address)."""
+    if not interface:
+        return node_address(learner)
+    found = interfaces().get(interface)
+    if not found:
+        raise OSError(f"group.interface {interface} has no IPv4 address on this host")
+    return found[0]
+
+
+def header(code: int) -> bytes:
+    return code.to_bytes(HEADER_BYTES, "little")
+
+
+def as_bytes(tensor: torch.Tensor) -> memoryview:
+    """A contiguous CPU tensor's bytes, without a copy (what a channel sends and receives into)."""
+    return memoryview(tensor.numpy()).cast("B")
 
 
 @dataclass
@@ -114,50 +132,66 @@ class LinkState:
         self.codec.decode_add(payload, self.numel, self.mine)
         return payload, version
 
-    def settle(self, learner, version: int, active: bool) -> None:
+    def settle(self, learner, version: int, active: bool) -> bool:
         """After both payloads arrived: this side's weights become the pair's mean (`none`), or
-        move by half the difference of the public copies."""
+        move by half the difference of the public copies. False, changing nothing of the learner,
+        when what arrived is refused (`checks.received_weights`): the link must then end."""
         if not self.codec.lossy:
+            if not received_weights(self.theirs, self.mine):
+                return False
             pair = (self.theirs, self.mine) if not active else (self.mine, self.theirs)
             learner.settle_mean(pair[0], pair[1], self.mine, version)
-            return
+            return True
         self.codec.decode_add(self.inbox, self.numel, self.theirs)
+        if not received_weights(self.theirs, self.mine):
+            return False
         learner.add_to_weights(torch.sub(self.theirs, self.mine, out=self.work).mul_(0.5))
+        return True
 
 
 @dataclass
 class Pending:
-    """An exchange in flight on one link. A thread of its own waits for its sends and receive
-    (gloo's point-to-point works cannot be polled: they complete only in `wait`)."""
+    """An exchange in flight on one link: a thread of its own receives the partner's payload into
+    `inbox` while a second sends this side's header and payload."""
 
     partner_id: str
-    works: list
-    version: int
+    channel: Channel
     payload: torch.Tensor  # what this side sends: alive until its send is done
+    inbox: torch.Tensor
+    version: int
     started: float = field(default_factory=time.perf_counter)
     arrived: threading.Event = field(default_factory=threading.Event)
     arrived_at: float | None = None  # time.perf_counter() when its bytes were all there
     error: Exception | None = None
 
     def __post_init__(self):
-        threading.Thread(target=self._wait, name=f"gossip-exchange-{self.partner_id[:8]}", daemon=True).start()
+        threading.Thread(target=self._exchange, name=f"gossip-exchange-{self.partner_id[:8]}", daemon=True).start()
 
-    def _wait(self) -> None:
+    def _exchange(self) -> None:
+        sent: list[Exception] = []
+        sender = threading.Thread(target=self._send, args=(sent,), daemon=True)
+        sender.start()
         try:
-            wait_all(self.works)
-        except RuntimeError as exc:  # the partner died, its node, or its link
+            self.channel.recv_into(as_bytes(self.inbox))
+        except OSError as exc:  # the partner died, its node, or its link
             self.error = exc
+            self.channel.close()  # a send still under way fails at once
         finally:
+            sender.join()
+            self.error = self.error or (sent[0] if sent else None)
             self.arrived_at = time.perf_counter()
             self.arrived.set()
 
+    def _send(self, errors: list) -> None:
+        try:
+            self.channel.send(header(EXCHANGE))
+            self.channel.send(as_bytes(self.payload))
+        except OSError as exc:
+            errors.append(exc)
+            self.channel.close()  # the receive fails at once
+
     def done(self) -> bool:
         return self.arrived.is_set()
-
-
-def wait_all(works) -> None:
-    for work in works:
-        work.wait()
 
 
 class ActiveLinks:
@@ -170,36 +204,27 @@ class ActiveLinks:
 
     def __init__(self, codec: str = "none", interface: str | None = None):
         self.codec, self.interface = codec_for(codec), interface
-        self._links: dict[str, object] = {}
+        self._links: dict[str, Channel] = {}
         self._state: dict[str, LinkState] = {}
         self.pending: dict[str, Pending] = {}  # partner id -> its exchange in flight
         self._gone: set[str] = set()  # partners whose actor Ray reported dead
         self._retry_at: dict[str, float] = {}  # partners that did not answer: when to ask again
-        self._opened = 0
-        self._store = self._host = None
-        self._store_retry_at = 0.0  # this learner's store could not start: when to try again
 
     def busy(self, partner) -> bool:
         return partner._actor_id.hex() in self.pending
 
     def start(self, learner, partner) -> Pending | None:
-        """Send this learner's weights to `partner` and post the receive of theirs; returns the
-        exchange in flight, or None when no link could be had (that exchange is lost)."""
+        """Send this learner's weights to `partner` and receive theirs, in the background; returns
+        the exchange in flight, or None when no link could be had (that exchange is lost)."""
         partner_id = partner._actor_id.hex()
         link = self._links.get(partner_id) or self._open(learner, partner, partner_id)
         if link is None:
             return None
         state = self._state[partner_id]
         payload, version = state.outgoing(learner)
-        try:
-            works = [link.send([torch.tensor([EXCHANGE])], 1, HEADER), link.send([payload], 1, TO_PASSIVE),
-                     link.recv([state.inbox], 1, TO_ACTIVE)]
-        except RuntimeError:
-            self._drop(partner_id)
-            return None
         if state.crosses:
-            learner.count_sent(payload.numel() + 8)
-        self.pending[partner_id] = Pending(partner_id, works, version, payload)
+            learner.count_sent(payload.numel() + HEADER_BYTES)
+        self.pending[partner_id] = Pending(partner_id, link, payload, state.inbox, version)
         return self.pending[partner_id]
 
     def settle(self, learner, wait_for: Pending | None = None, compute_s: float = 0.0) -> tuple[int, int]:
@@ -233,18 +258,21 @@ class ActiveLinks:
         return mixed, lost
 
     def _finish(self, learner, pending: Pending) -> bool:
-        """Wait for one exchange and settle it; False when the partner went away meanwhile."""
+        """Wait for one exchange and settle it; False when the partner went away meanwhile, or
+        what it sent was refused (the link is dropped either way)."""
         del self.pending[pending.partner_id]
         pending.arrived.wait()
-        if pending.error is not None:  # the partner died, its node, or its link: a lost exchange
-            self._drop(pending.partner_id)
-            self._retry_at[pending.partner_id] = time.monotonic() + OPEN_BACKOFF_S
-            return False
-        state = self._state[pending.partner_id]
-        took = pending.arrived_at - pending.started
-        state.duration_s = took if state.duration_s is None else 0.5 * state.duration_s + 0.5 * took
-        state.settle(learner, pending.version, active=True)
-        return True
+        if pending.error is None:
+            state = self._state[pending.partner_id]
+            took = pending.arrived_at - pending.started
+            state.duration_s = took if state.duration_s is None else 0.5 * state.duration_s + 0.5 * took
+            if state.settle(learner, pending.version, active=True):
+                return True
+            learner.refusals.refuse(pending.channel.peer, REFUSED_WEIGHTS)
+        # the partner died, its node or its link, or it sent what was refused: a lost exchange
+        self._drop(pending.partner_id)
+        self._retry_at[pending.partner_id] = time.monotonic() + OPEN_BACKOFF_S
+        return False
 
     def keep_only(self, partners, learner) -> None:
         """Close the links to anyone who is no longer a partner (their exchange in flight first)."""
@@ -255,36 +283,35 @@ class ActiveLinks:
     def close(self, learner) -> None:
         self.keep_only([], learner)
 
-    def _open(self, learner, partner, partner_id: str):
+    def _open(self, learner, partner, partner_id: str) -> Channel | None:
         now = time.monotonic()
-        if partner_id in self._gone or now < self._retry_at.get(partner_id, 0.0) or now < self._store_retry_at:
+        if partner_id in self._gone or now < self._retry_at.get(partner_id, 0.0):
             return None
-        self._opened += 1
-        key = f"link-{self._opened}"
+        link_id = secrets.token_bytes(LINK_ID_BYTES)  # random and used once: no link can be guessed
         try:
-            if self._store is None:  # this learner's rendezvous, hosted once for all its links
-                self._host = node_address(learner)
-                self._store_retry_at = now + OPEN_BACKOFF_S  # until it has started
-                self._store = dist.TCPStore(self._host, 0, is_master=True, wait_for_workers=False,
-                                            timeout=timedelta(seconds=OPEN_TIMEOUT_S))
-                self._store_retry_at = 0.0
-            codec, address = ray.get(partner.open_link.remote(key, f"{self._host}:{self._store.port}",
-                                                              self.codec.name, self.interface), timeout=OPEN_TIMEOUT_S)
-            self._links[partner_id] = pair_group(self._store, key, 0, self._host, self.interface)
-            # public copies start at zero on both ends
-            self._state[partner_id] = LinkState(codec_for(codec), learner.numel, crosses=address != self._host)
+            own, source = node_address(learner), bind_address(learner, self.interface)
+            codec, theirs, listener = ray.get(partner.open_link.remote(link_id.hex(), own, self.codec.name,
+                                                                       self.interface), timeout=OPEN_TIMEOUT_S)
+            channel = connect(listener, learner.secret, link_id, source=source, timeout=OPEN_TIMEOUT_S)
         except ray.exceptions.ActorUnavailableError:
             self._retry_at[partner_id] = time.monotonic() + OPEN_BACKOFF_S
             return None
         except PARTNER_GONE:
             self._gone.add(partner_id)
             return None
-        except (ray.exceptions.GetTimeoutError, RuntimeError):  # busy, slow or unreachable; or this
-            # learner's own store could not start (its server did not answer itself within
-            # OPEN_TIMEOUT_S on a saturated machine: a 32-learner start, 2026-11-25)
+        except ChannelRefused as exc:  # its listener did not prove the secret (or it was not its listener)
+            learner.refusals.refuse(listener.rsplit(":", 1)[0], f"a listener that did not prove the job's "
+                                    f"secret ({exc})")
             self._retry_at[partner_id] = time.monotonic() + OPEN_BACKOFF_S
             return None
-        return self._links[partner_id]
+        except (ray.exceptions.GetTimeoutError, OSError):  # busy, slow or unreachable
+            self._retry_at[partner_id] = time.monotonic() + OPEN_BACKOFF_S
+            return None
+        channel.settimeout(LINK_TIMEOUT_S)
+        self._links[partner_id] = channel
+        # public copies start at zero on both ends
+        self._state[partner_id] = LinkState(codec_for(codec), learner.numel, crosses=theirs != own)
+        return channel
 
     def _close(self, partner_id: str, learner) -> None:
         """Close one link: its exchange in flight is settled if its bytes arrive within
@@ -299,81 +326,15 @@ class ActiveLinks:
         if link is None:  # the exchange failed: the link is gone already
             return
         try:
-            link.send([torch.tensor([CLOSE])], 1, HEADER).wait(timedelta(seconds=CLOSE_WAIT_S))
-        except RuntimeError:
+            link.settimeout(CLOSE_WAIT_S)
+            link.send(header(CLOSE))
+        except OSError:
             pass
+        link.close()
 
     def _drop(self, partner_id: str) -> None:
-        self._links.pop(partner_id, None)
+        link = self._links.pop(partner_id, None)
+        if link is not None:
+            link.close()
         self._state.pop(partner_id, None)
         self.pending.pop(partner_id, None)
-
-
-class PassiveLinks:
-    """A passive learner's side of its links: one serving thread per link, each with its own
-    state. `exit_in_exchange` (tests and bench/faults.py only): the process exits inside the
-    next exchange it serves, after the active's header arrived and before it answers."""
-
-    def __init__(self, learner):
-        self.learner = learner
-        self.exit_in_exchange = False
-        self._answering = 0  # exchanges whose header has arrived and whose mean is not yet taken
-        self._answered = threading.Condition()
-
-    def wait_answered(self, timeout: float = ANSWER_WAIT_S) -> bool:
-        """Wait (at most `timeout`) until every exchange an active has started with this learner is
-        settled on this side too; False if one is still being answered. At the job's end, once the
-        actives have settled theirs, no exchange starts any more and this one's weights hold every
-        mean it took part in."""
-        with self._answered:
-            return self._answered.wait_for(lambda: self._answering == 0, timeout)
-
-    def open(self, key: str, address: str, codec: str = "none", interface: str | None = None) -> tuple[str, str]:
-        """Serve a link an active partner opens (its rendezvous at `address`); returns the link's
-        codec, `codec` or `none` when the active is on this learner's host (loopback has the
-        bytes to spare, and an exact exchange leaves both on the same mean), and this learner's
-        node address."""
-        own = node_address(self.learner)
-        crosses = address.rsplit(":", 1)[0] != own
-        codec = codec if crosses else "none"
-        threading.Thread(target=self._serve, args=(key, address, codec, interface, crosses), name=f"gossip-{key}",
-                         daemon=True).start()
-        return codec, own
-
-    def _serve(self, key: str, address: str, codec: str, interface: str | None, crosses: bool) -> None:
-        host, port = address.rsplit(":", 1)
-        try:
-            store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=OPEN_TIMEOUT_S))
-            link = pair_group(store, key, 1, node_address(self.learner), interface)
-        except RuntimeError:  # the active gave up or went away before the rendezvous
-            return
-        header = torch.zeros(1, dtype=torch.int64)
-        state = LinkState(codec_for(codec), self.learner.numel, crosses)
-        try:
-            while True:
-                link.recv([header], 0, HEADER).wait(timedelta(seconds=IDLE_S))  # idle links stay open
-                if int(header) == CLOSE:
-                    return
-                with self._answered:
-                    self._answering += 1
-                try:
-                    self._answer(link, state)
-                finally:
-                    with self._answered:
-                        self._answering -= 1
-                        self._answered.notify_all()
-        except RuntimeError:  # the active died, its node or its link: the link ends
-            return
-
-    def _answer(self, link, state: LinkState) -> None:
-        if self.exit_in_exchange:
-            os._exit(1)
-        learner = self.learner
-        works = [link.recv([state.inbox], 0, TO_PASSIVE)]  # under way while this side takes its copy
-        payload, version = state.outgoing(learner)
-        works.append(link.send([payload], 0, TO_ACTIVE))
-        if state.crosses:
-            learner.count_sent(payload.numel())
-        wait_all(works)  # no lock held: this learner steps on meanwhile
-        state.settle(learner, version, active=False)
-        learner.count_averages(1)

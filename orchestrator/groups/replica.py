@@ -27,6 +27,8 @@ class Replica(Protocol):
     grad_buffer: torch.Tensor  # every gradient is a view into it (`base/flat.py`); collectives sum it in place
     numel: int  # of the flat trainable weights
     node_address: str | None  # its node's address, which its groups bind to (None: this process only)
+    secret: object  # the job's `JobSecret`: what its channels and its group's members prove
+    refusals: object  # `channel.Refusals`: what it refused of other processes, counted by reason
     # changed by the group
     comm_s: float  # communication seconds, added to by the group
     group_links: object  # what a group keeps in this process across re-formed groups (gossip's links)
@@ -41,7 +43,7 @@ class Replica(Protocol):
 
     def forward_backward(self, batch) -> float: ...
 
-    def apply_step(self, loss: float, samples: int) -> None: ...
+    def apply_step(self, loss: float, samples: int, update: bool = True) -> None: ...
 
     def batches_left(self) -> int: ...
 

@@ -20,14 +20,16 @@ from orchestrator.groups.balance import batch_shares, ring_by_host, ring_by_spee
 from orchestrator.groups.gossip import GossipMember, ring_partners
 from orchestrator.groups.hierarchical import HierarchicalMember
 from orchestrator.groups.host_reduce import hosts_of
+from orchestrator.groups.rendezvous import Meeting
 from orchestrator.groups.solo import SoloMember
 
 
 class Rendezvous(Protocol):
     """What a strategy may ask of learners to build members, answered by the group."""
 
-    def address(self, handle) -> str:
-        """"ip:port" where a member group hosted by this learner meets (a free port on its host)."""
+    def meeting(self, handles) -> Meeting:
+        """Where a process group of these learners meets: a fresh board of the job's service and
+        the learners' node addresses (`rendezvous.Meeting`)."""
 
     def backend(self, handles) -> str:
         """The collective backend of these learners: "nccl" when all are on CUDA, else "gloo"."""
@@ -145,10 +147,10 @@ class AllreduceStrategy(GroupStrategy):
 
     def members(self, roster, rendezvous: Rendezvous) -> list:
         handles = [roster.live[i].handle for i in roster.order]
-        backend, address = rendezvous.backend(handles), rendezvous.address(handles[0])
+        backend, meeting = rendezvous.backend(handles), rendezvous.meeting(handles)
         hosts = hosts_of([roster.live[i].node or "" for i in roster.order]) if self.spec.group.topology_aware \
             else None
-        return [AllreduceMember(i, len(handles), address, backend, interface=self.interface, hosts=hosts,
+        return [AllreduceMember(i, len(handles), meeting, backend, interface=self.interface, hosts=hosts,
                                 compression=self.compression) for i in range(len(handles))]
 
     def shard_weights(self, roster) -> list[float] | None:
@@ -195,11 +197,11 @@ class HierarchicalStrategy(GroupStrategy):
         leaders = [idxs[0] for idxs in nodes]
         members: list = [None] * len(handles)
         for k, idxs in enumerate(nodes):
-            address = rendezvous.address(handles[idxs[0]])
+            meeting = rendezvous.meeting([handles[i] for i in idxs]) if len(idxs) > 1 else None
             ring = GossipMember(k, [handles[leaders[q]] for q in ring_partners(k, len(nodes))], self.spec.seed,
                                 self.compression, self.interface)
             for j, i in enumerate(idxs):
-                members[i] = HierarchicalMember(j, len(idxs), address, ring if j == 0 else None, backend,
+                members[i] = HierarchicalMember(j, len(idxs), meeting, ring if j == 0 else None, backend,
                                                 place=i,  # every node's group joins at once: paced together
                                                 interface=self.interface)
         self.node_groups = [[roster.order[i] for i in idxs] for idxs in nodes]

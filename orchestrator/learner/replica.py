@@ -18,6 +18,8 @@ from functools import partial
 import torch
 
 from orchestrator.base.flat import GRAD_TAIL, cudnn_weights, flat_grad_buffer, flat_weight_buffer
+from orchestrator.groups.channel import Refusals
+from orchestrator.groups.checks import finite
 from orchestrator.learner.calls import call
 from orchestrator.learner.data_cursor import DataCursor
 from orchestrator.learner.memory_fit import MemoryFit
@@ -83,7 +85,10 @@ class ReplicaWeights:
 
     def average(self, other: torch.Tensor) -> torch.Tensor:
         """Atomically replace these weights with the mean of these and `other`; return the mean
-        (on the CPU)."""
+        (on the CPU). Weights that are not finite are refused: these stay, and are returned."""
+        if not finite(other):
+            self.refusals.refuse("a leaving learner", "weights that are not finite (a handover)")
+            return self.flat_weights()
         other = other.to(self.device)
         with self.lock:
             mean = (self.flat + other) / 2
@@ -117,13 +122,14 @@ class Learner(ReplicaWeights):
     learner_id: this learner's id in its job.
     planner: the job's `ShardPlanner` (or its actor), asked for this learner's shard every epoch.
     threads: torch intra-op threads for this learner.
+    secret: the job's `JobSecret`, which its links prove (`groups/channel.py`, `groups/guard.py`).
     use_gpu: it reserved a GPU (or a share): the model lives there if the process sees one (one
     that reserved none is also started with CUDA hidden, `runtime.py`), else on the CPU.
     Weights and states cross the learner's boundary as CPU tensors.
     """
 
     def __init__(self, workload: str, workload_config: dict, seed: int, learner_id: int, planner, threads: int = 1,
-                 use_gpu: bool = True):
+                 use_gpu: bool = True, secret=None):
         torch.set_num_threads(max(1, threads))
         self.device = torch.device("cuda" if use_gpu and torch.cuda.is_available() else "cpu")
         self.workload = build_workload(workload, workload_config, seed)
@@ -136,7 +142,8 @@ class Learner(ReplicaWeights):
         self.version = 0  # of the weights: every change increments it (a gossip exchange checks it)
         self.group_links = None  # what a group keeps in this process across re-formed groups (gossip's links)
         self.node_address: str | None = None  # its node's address, which its groups bind to (None: this process only)
-        self.learner_id, self.planner = learner_id, planner
+        self.learner_id, self.planner, self.secret = learner_id, planner, secret
+        self.refusals = Refusals(f"learner {learner_id}")  # what it refused of other processes, by reason
         self.lock, self.counter_lock = threading.Lock(), threading.Lock()  # weights; counters its links add to
         self.step = self.samples = self.averages = 0
         self.failed_exchanges = self.busy_steps = 0  # gossip: exchanges lost; steps that started none (links busy)
@@ -216,12 +223,13 @@ class Learner(ReplicaWeights):
             time.sleep(stall)
         return loss
 
-    def apply_step(self, loss: float, samples: int) -> None:
-        """The optimizer step on the gradients in `.grad`, and the counters that go with it, in
-        one atomic change (a state read never sees weights and counters of different steps)."""
+    def apply_step(self, loss: float, samples: int, update: bool = True) -> None:
+        """The optimizer step on the gradients in `.grad` (without `update`: none, the group's sum
+        was refused) and the counters, in one atomic change (a state read never sees both halves)."""
         with self.lock:
-            self.workload.optimizer_step(self.model, self.optimizer, self.step, self.progress, self.lr_scale)
-            self.version += 1
+            if update:
+                self.workload.optimizer_step(self.model, self.optimizer, self.step, self.progress, self.lr_scale)
+                self.version += 1
             if not math.isfinite(loss) and self.nonfinite_at is None:
                 self.nonfinite_at = self.step
             self.step += 1
@@ -292,7 +300,7 @@ class Learner(ReplicaWeights):
                  "chunk_samples": self.chunk_samples, "step_seconds": self.step_seconds,
                  "comm_seconds": self.comm_seconds, "first_step_at": self.first_step_at,
                  "step_began": self.step_began, "nonfinite_at": self.nonfinite_at,
-                 "skipped": self.workload.new_skips()}
+                 "skipped": self.workload.new_skips(), "refused": self.refusals.take()}
         self._reset_chunk()
         return stats
 

@@ -15,7 +15,7 @@ import torch
 
 from orchestrator.base import flat as flat_state
 from orchestrator.groups.errors import GroupBroken
-from orchestrator.groups.links import PassiveLinks
+from orchestrator.groups.passive_links import PassiveLinks
 from orchestrator.learner.faults import SimulatedFaults
 from orchestrator.learner.replica import Learner
 
@@ -26,8 +26,8 @@ class LearnerService(SimulatedFaults):
     this class as a Ray actor; one-learner jobs use it in-process."""
 
     def __init__(self, workload: str, workload_config: dict, seed: int, learner_id: int, planner, threads: int = 1,
-                 slowdown: float = 1.0, use_gpu: bool = True):
-        self.learner = Learner(workload, workload_config, seed, learner_id, planner, threads, use_gpu)
+                 slowdown: float = 1.0, use_gpu: bool = True, secret=None):
+        self.learner = Learner(workload, workload_config, seed, learner_id, planner, threads, use_gpu, secret)
         self.learner._slowdown, self.group = float(slowdown), None
         self.passive_links = PassiveLinks(self.learner)  # gossip links its active partners opened
         self._trainable = None  # which entries of the model's flat state are trainable weights
@@ -42,13 +42,6 @@ class LearnerService(SimulatedFaults):
 
     def ip(self) -> str:
         return ray.util.get_node_ip_address()
-
-    def free_port(self) -> int:
-        import socket
-
-        with socket.socket() as sock:
-            sock.bind(("", 0))
-            return sock.getsockname()[1]
 
     def hello(self) -> dict:
         """Once built (and any state sent before loaded): node, pid, device, CUDA_VISIBLE_DEVICES, counters."""
@@ -149,10 +142,13 @@ class LearnerService(SimulatedFaults):
         getattr(self.group, "align", lambda learner: None)(self.learner)
 
     @ray.method(concurrency_group="links")
-    def open_link(self, key: str, address: str, compression: str = "none", interface: str | None = None) -> str:
-        """An active gossip partner opens a link to this learner (`groups/links.py`): this side
-        joins its rendezvous in a thread and serves its exchanges there; returns the link's codec."""
-        return self.passive_links.open(key, address, compression, interface)
+    def open_link(self, link_id: str, active: str, compression: str = "none",
+                  interface: str | None = None) -> tuple[str, str, str]:
+        """An active gossip partner (at node address `active`) opens a link to this learner
+        (`groups/links.py`): this side expects its connection on its link listener and serves its
+        exchanges in a thread; returns the link's codec, this learner's node address and its
+        listener's address."""
+        return self.passive_links.open(link_id, active, compression, interface)
 
     @ray.method(concurrency_group="mix")
     def average(self, other: torch.Tensor) -> torch.Tensor:
@@ -216,6 +212,7 @@ class LearnerService(SimulatedFaults):
     def close(self) -> None:
         if self.group is not None:
             self.group.close()
+        self.passive_links.close()
 
 
 class _LearnerProcess(LearnerService):

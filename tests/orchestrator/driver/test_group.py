@@ -37,12 +37,12 @@ def _group(tmp_path, kind: str, learners: int) -> tuple[Group, Roster, FakeElast
     roster, runtime = Roster(events, metrics), FakeRuntime()
     fakes = []
     for i in range(learners):
-        fake = FakeLearner(i, device="cpu", ip="10.0.0.1", free_port=29500 + i)
+        fake = FakeLearner(i, device="cpu", ip=f"10.0.0.{i % 2 + 1}")
         roster.live[i] = LearnerSlot(i, fake, node=f"node-{i % 2}")
         fakes.append(fake)
     elastic = FakeElastic(roster)
     spec = linear_spec(learners=learners, group={"kind": kind})
-    return Group("job", spec, runtime, roster, elastic, events), roster, elastic, runtime, fakes
+    return Group("job", spec, runtime, roster, elastic, events, runtime.clock), roster, elastic, runtime, fakes
 
 
 def test_an_allreduce_group_hands_each_learner_its_rank_and_waits_for_the_plan(tmp_path):

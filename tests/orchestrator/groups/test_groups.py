@@ -7,13 +7,13 @@ import pytest
 import torch
 
 from orchestrator.checkpoint import files as checkpoint
-from orchestrator.cluster.capacity import place_learners, release
 from orchestrator.cluster.runtime import fetch
 from orchestrator.driver.config import parse_spec
 from orchestrator.driver.job import TrainingJob
 from orchestrator.driver.metrics import prometheus_names
 from orchestrator.groups.allreduce import AllreduceMember
 from orchestrator.groups.gossip import GossipMember, ring_partners
+from orchestrator.testing.groups import FixedLearners
 from orchestrator.workload import build_workload
 from tests.builders import assert_nothing_left, linear_spec
 
@@ -58,18 +58,19 @@ def test_ring_partners_are_passive_neighbours():
 @pytest.fixture
 def learners(ray_session):
     """Learner actors of the tiny linear workload (these tests are about the groups), placed
-    with one static shard plan."""
+    with one static shard plan and one secret; `make.meeting()` is a meeting for their process
+    group (`orchestrator/testing/groups.py`)."""
     workload = linear_spec(data__compute_seconds=0.005).workload_config.model_dump(mode="json")
     made = []
 
     def make(n):
-        pg, actors = place_learners(f"test-{len(made)}-{time.time_ns()}", n, 1.0, "linear", workload, seed=0)
-        made.append((pg, actors))
-        return actors
+        made.append(FixedLearners(f"test-{len(made)}-{time.time_ns()}", n, 1.0, "linear", workload))
+        return made[-1].actors
 
+    make.meeting = lambda: made[-1].meeting()
     yield make
-    for pg, actors in made:
-        release(pg, actors)
+    for fixed in made:
+        fixed.release()
 
 
 @pytest.mark.ray
@@ -188,8 +189,8 @@ def test_gossip_ring_of_three_runs_200_steps_without_deadlock_and_everyone_mixes
 @pytest.mark.ray
 def test_allreduce_keeps_replicas_identical(learners):
     actors = learners(2)
-    ip, port = fetch([actors[0].ip.remote(), actors[0].free_port.remote()])
-    fetch([a.join.remote(AllreduceMember(i, 2, f"{ip}:{port}")) for i, a in enumerate(actors)])
+    meeting = learners.meeting()
+    fetch([a.join.remote(AllreduceMember(i, 2, meeting)) for i, a in enumerate(actors)])
     fetch([a.perturb.remote(0.0, 0) for a in actors])
     stats = fetch([a.run.remote(30, None, None, 0.0) for a in actors])
     assert stats[0]["step"] == stats[1]["step"] == 30
@@ -204,8 +205,8 @@ def test_allreduce_epoch_ends_with_its_last_batch_not_an_extra_round(learners):
     """512 samples in batches of 16, 2 shards of 16 batches: 16 collective steps train the whole
     epoch and move both learners to the next (no round that trains nothing at its end)."""
     actors = learners(2)
-    ip, port = fetch([actors[0].ip.remote(), actors[0].free_port.remote()])
-    fetch([a.join.remote(AllreduceMember(i, 2, f"{ip}:{port}")) for i, a in enumerate(actors)])
+    meeting = learners.meeting()
+    fetch([a.join.remote(AllreduceMember(i, 2, meeting)) for i, a in enumerate(actors)])
     stats = fetch([a.run.remote(16, None, None, 0.0) for a in actors])
     assert [len(s["step_seconds"]) for s in stats] == [16, 16]
     assert sum(s["samples"] for s in stats) == 512

@@ -20,11 +20,17 @@ TIMEOUT_S = 60.0  # each collective's bound: a member left waiting would fail on
 def _member(rank: int, world: int, hosts, port: int, compression: str, dies: int | None, answers) -> None:
     """One member: a first sum (reported), then, when `dies` is its rank, exit; the others sum
     again and report how long it took them to fail."""
-    from orchestrator.groups.allreduce import collective, join_process_group
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from orchestrator.groups.allreduce import collective
     from orchestrator.groups.errors import GroupBroken
     from orchestrator.groups.host_reduce import HostReduce
 
-    join_process_group("gloo", f"127.0.0.1:{port}", rank, world, TIMEOUT_S)
+    # the job's process group, made plainly (Chorus's own rendezvous is `test_rendezvous.py`'s)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=TIMEOUT_S))
     by_host = HostReduce(rank, hosts, compression, collective, TIMEOUT_S)
     buffer = torch.arange(1000, dtype=torch.float32) * (rank + 1) / 7
     by_host.sum(buffer)

@@ -9,6 +9,7 @@ import pytest
 from orchestrator.driver.events import EventLog
 from orchestrator.driver.metrics import JobMetrics
 from orchestrator.driver.roster import LearnerSlot, Roster
+from orchestrator.groups.rendezvous import Meeting
 from orchestrator.groups.strategies import AllreduceStrategy, GossipStrategy, HierarchicalStrategy, strategy_for
 from tests.builders import linear_spec
 from tests.doubles import FakeLearner
@@ -31,10 +32,11 @@ def _strategy(kind: str, **group):
 
 
 class Rendezvous:
-    """The group's answers to a strategy (`strategies.Rendezvous`), made up: each host a port."""
+    """The group's answers to a strategy (`strategies.Rendezvous`), made up: a board named after the
+    learners it is for."""
 
-    def address(self, handle) -> str:
-        return f"10.0.0.{handle.id}:29500"
+    def meeting(self, handles) -> Meeting:
+        return Meeting(None, "board-" + "-".join(str(h.id) for h in handles), [f"10.0.0.{h.id}" for h in handles])
 
     def backend(self, handles) -> str:
         return "gloo"
@@ -85,7 +87,8 @@ def test_hierarchical_members_of_one_node_start_their_chunks_together(tmp_path):
     roster = _roster(tmp_path, {0: 1.0, 1: 1.0, 2: 1.0, 3: 1.0}, nodes={0: "a", 1: "b", 2: "a", 3: "b"})
     members = strategy.members(roster, Rendezvous())
     assert strategy.node_groups == [[0, 2], [1, 3]]
-    assert [m.node_address for m in members] == ["10.0.0.0:29500", "10.0.0.1:29500"] * 2  # its first hosts a node
+    assert [m.meeting.name for m in members] == ["board-0-2", "board-1-3"] * 2  # a board for each node's group
+    assert members[0].meeting.peers == ["10.0.0.0", "10.0.0.2"]
     assert [m.leader is not None for m in members] == [True, True, False, False]  # a node's first leads it
     roster.drop(3, "gone")
     assert strategy.dispatch_units(roster) == [[0, 2], [1]]
