@@ -165,6 +165,9 @@ class FakeRuntime(RayRuntime):
             raise values.error
         return values.value
 
+    def pause(self, seconds: float) -> None:
+        self.clock.advance(seconds)
+
     def wait(self, refs: list, num_returns: int = 1, timeout: float | None = None) -> list:
         ready = [r for r in refs if r.ready][:num_returns]
         if len(ready) < min(num_returns, len(refs)) and timeout:

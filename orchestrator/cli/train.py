@@ -43,6 +43,7 @@ def train(spec_path, overrides, out, address, resume, overwrite, staging):
     from orchestrator.checkpoint.uris import StorageError
     from orchestrator.cluster.capacity import CapacityTimeout
     from orchestrator.cluster.resources import CapacityError
+    from orchestrator.driver.elastic import LearnersCannotStart
     from orchestrator.driver.job import TrainingDiverged
     from orchestrator.groups.errors import GroupCannotForm
 
@@ -68,7 +69,7 @@ def train(spec_path, overrides, out, address, resume, overwrite, staging):
         what = "stopped (SIGTERM)" if received and received[-1] == signal.SIGTERM else "interrupted"
         click.echo(f"chorus: {what}, learners released; {where}", err=True)
         sys.exit(128 + (received[-1] if received else signal.SIGINT))
-    except (CheckpointError, RunDirError, StorageError, TrainingDiverged, GroupCannotForm) as exc:
+    except (CheckpointError, RunDirError, StorageError, TrainingDiverged, GroupCannotForm, LearnersCannotStart) as exc:
         raise click.ClickException(str(exc)) from None
     except job.workload.input_error as exc:  # a learner's, through Ray: its message, not Ray's traceback
         raise click.ClickException(str(getattr(exc, "cause", exc))) from None

@@ -99,6 +99,13 @@ class RayRuntime:
             return False
 
     @staticmethod
+    def pause(seconds: float) -> None:
+        """Wait `seconds` (a back-off with nothing else under way)."""
+        import time
+
+        time.sleep(seconds)
+
+    @staticmethod
     def kill(actors) -> None:
         import ray
 
@@ -212,6 +219,8 @@ class LocalRuntime:
 
     def answers(self, handle, timeout: float = 2.0) -> bool:
         return handle is not None
+
+    pause = RayRuntime.pause
 
     @staticmethod
     def kill(actors) -> None:

@@ -15,12 +15,19 @@ import time
 from collections.abc import Callable
 
 from orchestrator.cluster.capacity import Capacity, CapacityTimeout
-from orchestrator.driver.roster import Arrival, Roster
+from orchestrator.driver.roster import Arrival, Roster, reason
 
 CLOSE_TIMEOUT_S = 10.0  # learners get this long to leave their group at the end
 DRAIN_POLL_S = 1.0  # how often the driver asks Ray which nodes are being drained
+START_BACKOFF_S = 1.0  # a learner that failed to start is replaced after this, doubled for each failure in a
+MAX_START_BACKOFF_S = 30.0  # row, up to this (a node that cannot start one now may well in a minute) ...
+MAX_START_FAILURES = 5  # ... until this many in a row (none started meanwhile): the cause will repeat
 
-__all__ = ["CapacityTimeout", "Elastic"]
+__all__ = ["CapacityTimeout", "Elastic", "LearnersCannotStart"]
+
+
+class LearnersCannotStart(RuntimeError):
+    """Learners failed to start MAX_START_FAILURES times in a row: the job stops, naming the last cause."""
 
 
 class Elastic:
@@ -44,6 +51,8 @@ class Elastic:
         self.service = None  # the job's JobService: shard planner and evaluator
         self.started = False
         self._drains_checked = 0.0
+        self._start_failures = 0  # learners that failed to start, in a row
+        self._ask_at: float | None = None  # when to ask again for the slots of learners that failed to start
 
     def start(self, ids: list[int] = ()) -> list:
         """Ask for `learners.max` slots (`ids` first, e.g. those of a checkpoint), wait until at
@@ -58,6 +67,7 @@ class Elastic:
             self._say_waiting()
         deadline = time.time() + want.wait_timeout_s
         while self.roster.count() < want.min or self.roster.arriving:
+            self._ask_when_due(wait=not self.capacity.pending and not self.roster.arriving)
             if self.runtime.distributed:
                 self.capacity.wait(list(self.roster.arriving), deadline, self._timed_out)
             self._start_placed()
@@ -68,6 +78,28 @@ class Elastic:
 
     def _ask(self) -> None:
         self.capacity.ask(self.roster.held_slots())
+
+    def _ask_when_due(self, wait: bool = False) -> None:
+        """Ask again for the slots of learners that failed to start, once their back-off is over
+        (with `wait`, pausing until then: nothing else is under way)."""
+        if self._ask_at is None:
+            return
+        left = self._ask_at - self.clock()
+        if left > 0:
+            if not wait:
+                return
+            self.runtime.pause(left)
+        self._ask_at = None
+        self._ask()
+
+    def _failed_to_start(self, learner_id: int, error: Exception) -> None:
+        """Back off before its slot is asked for again; stop the job at MAX_START_FAILURES in a row."""
+        self._start_failures += 1
+        if self._start_failures >= MAX_START_FAILURES:
+            raise LearnersCannotStart(f"{self.job_id}: {self._start_failures} learners in a row failed to start, so "
+                                      f"replacing them again would not help; the last (learner {learner_id}): "
+                                      f"{reason(error)}")
+        self._ask_at = self.clock() + min(START_BACKOFF_S * 2 ** (self._start_failures - 1), MAX_START_BACKOFF_S)
 
     def _start_placed(self) -> None:
         """Start a learner on every slot placed since the last call."""
@@ -101,12 +133,14 @@ class Elastic:
                     raise
                 arrival = self.roster.failed_to_start(ref, exc)
                 self.capacity.free(arrival.slot, arrival.handle)
-                self._ask()
+                self._failed_to_start(arrival.id, exc)
                 continue
             self.roster.join(ref, hello)
+            self._start_failures = 0
 
     def poll(self) -> None:
         """Start learners on newly placed slots; those that answered become live."""
+        self._ask_when_due()
         self._start_placed()
         self._answered(timeout=0)
 
@@ -122,6 +156,7 @@ class Elastic:
         self._say_waiting()
         deadline = time.time() + self.spec.learners.wait_timeout_s
         while self.below_min():
+            self._ask_when_due(wait=not self.capacity.pending and not self.roster.arriving)
             self.capacity.wait(list(self.roster.arriving), deadline, self._timed_out)
             self.poll()
 

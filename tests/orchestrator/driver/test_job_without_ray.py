@@ -151,3 +151,26 @@ def test_a_non_finite_loss_rolls_every_learner_back_at_half_the_rate(tmp_path):
     assert all(learner.called("set_lr_scale") == [(0.5,)] for learner in runtime.started)
     assert all(learner.called("load_state_file") for learner in runtime.started)
     assert summary["epochs"] == 4
+
+
+def test_learners_that_keep_failing_to_start_are_retried_with_a_back_off_then_the_job_stops_in_one_line(tmp_path):
+    from orchestrator.driver.elastic import MAX_START_FAILURES, LearnersCannotStart
+
+    def make(learner_id, node):
+        learner = SimulatedLearner(learner_id, runtime.clock, node)
+
+        def broken():
+            raise RuntimeError("CUDA error: no kernel image is available for execution on the device")
+        learner.answers["hello"] = broken
+        return learner
+
+    job, runtime = _job(tmp_path, "allreduce", learners=2, epochs=1, make_learner=make)
+    started = runtime.clock()
+    with pytest.raises(LearnersCannotStart) as stopped:
+        job.run()
+    message = str(stopped.value)
+    assert "\n" not in message and f"{MAX_START_FAILURES} learners in a row failed to start" in message
+    assert "RuntimeError: CUDA error: no kernel image" in message
+    assert len(runtime.started) == MAX_START_FAILURES + 1  # two a round: 2, 2, then the fifth fails
+    assert runtime.clock() - started >= 2 + 8  # backed off (1 s doubled per failure) before each new round
+    assert {s.id for s in runtime.started} <= set(runtime.killed)  # nothing left
