@@ -16,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+import json
 import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable
@@ -23,6 +24,11 @@ from pathlib import Path
 
 BOS, EOS, UNK = "<s>", "</s>", "<unk>"
 NEVER = -99.0  # log10 "probability" ARPA gives <s>, which is never predicted
+MAX_ORDER = 100  # an n-gram order an ARPA file may have (KenLM builds up to 6 by default)
+
+
+class ArpaError(ValueError):
+    """A language model that cannot be read: the message is one line naming the file (and line)."""
 
 
 class NgramModel:
@@ -61,37 +67,66 @@ class NgramModel:
 
     @classmethod
     def read_arpa(cls, path: str | Path) -> NgramModel:
-        """A model from an ARPA file; a malformed one raises ValueError naming the file and line."""
+        """A model from an ARPA file; a malformed one raises ArpaError naming the file and line."""
         return cls.parse_arpa(read_arpa_text(path), path)
 
     @classmethod
     def parse_arpa(cls, text: str, path: str | Path) -> NgramModel:
-        """A model from ARPA text (read from `path`, which errors name)."""
+        """A model from ARPA text (read from `path`, which errors name); ArpaError when it is none."""
         probs, backoffs, order, n = {}, {}, 0, 0
         for line_no, line in enumerate(text.splitlines(), start=1):
             line = line.strip()
-            if not line or line in ("\\data\\", "\\end\\") or line.startswith("ngram "):
-                order = max(order, int(line.split("=")[0].split()[1])) if line.startswith("ngram ") else order
-                continue
-            if line.startswith("\\") and line.endswith("-grams:"):
-                n = int(line[1:].split("-")[0])
-                continue
-            fields = line.split()
-            if n == 0 or len(fields) not in (n + 1, n + 2):
-                raise ValueError(f"{path}:{line_no}: not an ARPA {n}-gram line: {line[:80]!r}")
-            gram = tuple(fields[1:n + 1])
-            probs[gram] = float(fields[0])
-            if len(fields) == n + 2:
-                backoffs[gram] = float(fields[-1])
+            try:
+                if line.startswith("ngram "):  # "ngram N=count" in the \data\ header
+                    order = max(order, _header_order(line))
+                elif line.startswith("\\") and line.endswith("-grams:"):
+                    n = _order(line[1:].partition("-")[0])
+                elif line and line not in ("\\data\\", "\\end\\"):
+                    _entry(line, n, probs, backoffs)
+            except ValueError:
+                what = f"{n}-gram" if n else "header"
+                raise ArpaError(f"{path}:{line_no}: not an ARPA {what} line: {line[:80]!r}") from None
         if (UNK,) not in probs:
-            raise ValueError(f"{path}: the model has no {UNK} unigram")
+            raise ArpaError(f"{path}: the model has no {UNK} unigram")
         return cls(order, probs, backoffs)
+
+
+def _header_order(line: str) -> int:
+    """The order of a header's "ngram N=count" line; ValueError if it is not one."""
+    head, equals, count = line.partition("=")
+    if not equals or not (count.strip().isascii() and count.strip().isdigit()):
+        raise ValueError(line)
+    return _order(head.split()[-1])
+
+
+def _order(field: str) -> int:
+    """An n-gram order: a whole number in 1..MAX_ORDER; else ValueError."""
+    if not (field.isascii() and field.isdigit()) or not 1 <= int(field) <= MAX_ORDER:
+        raise ValueError(field)
+    return int(field)
+
+
+def _entry(line: str, n: int, probs: dict, backoffs: dict) -> None:
+    """An n-gram line ("log10 P<tab>w1 ... wn[<tab>back-off]") into `probs` (and `backoffs`); ValueError if not one."""
+    fields = line.split()
+    if n == 0 or len(fields) not in (n + 1, n + 2):
+        raise ValueError(line)
+    values = [float(fields[0])] + ([float(fields[-1])] if len(fields) == n + 2 else [])
+    if not all(math.isfinite(v) for v in values):
+        raise ValueError(line)
+    gram = tuple(fields[1:n + 1])
+    probs[gram] = values[0]
+    if len(values) == 2:
+        backoffs[gram] = values[1]
 
 
 def read_arpa_text(path: str | Path) -> str:
     if not Path(path).is_file():
-        raise ValueError(f"{path}: no such ARPA file (make one with `chorus lm TEXT --out {path}`)")
-    return Path(path).read_text()
+        raise ArpaError(f"{path}: no such ARPA file (make one with `chorus lm TEXT --out {path}`)")
+    try:
+        return Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ArpaError(f"{path}: cannot be read as an ARPA file ({str(exc).strip().splitlines()[0]})") from None
 
 
 def estimate(sentences: Iterable[list[str]], order: int = 3, discount: float = 0.75) -> NgramModel:
@@ -130,8 +165,6 @@ def estimate(sentences: Iterable[list[str]], order: int = 3, discount: float = 0
 def write_lm(text: str | Path, out: str | Path, order: int = 3) -> dict:
     """`chorus lm`: a model of TEXT's sentences written to `out` as ARPA. TEXT is a .jsonl manifest
     (its `text` fields) or a text file of one sentence a line, normalized as transcripts are."""
-    import json
-
     from jobs.tokenizer import normalize
 
     text = Path(text)
@@ -139,13 +172,24 @@ def write_lm(text: str | Path, out: str | Path, order: int = 3) -> dict:
         raise ValueError(f"{text}: no such text file or manifest")
     lines = text.read_text(errors="replace").splitlines()
     if text.suffix == ".jsonl":
-        lines = [json.loads(line).get("text") or "" for line in lines if line.strip()]
+        lines = [_transcript(line, f"{text}:{i}") for i, line in enumerate(lines, start=1) if line.strip()]
     sentences = [words for line in lines if (words := normalize(line).split())]
     model = estimate(sentences, order)
     model.write_arpa(out)
     grams = Counter(len(g) for g in model.probs)
     return {"out": str(out), "order": order, "sentences": len(sentences), "vocabulary": len(model.vocabulary),
             "ngrams": {n: grams[n] for n in sorted(grams)}}
+
+
+def _transcript(line: str, where: str) -> str:
+    """A manifest line's `text` ("" without one); ValueError naming `where` when the line is not a JSON object."""
+    try:
+        row = json.loads(line)
+    except (ValueError, RecursionError):
+        row = None
+    if not isinstance(row, dict):
+        raise ValueError(f"{where}: not a JSON object (a manifest line, with a text)")
+    return row.get("text") if isinstance(row.get("text"), str) else ""
 
 
 def _adjusted_counts(sentences: Iterable[list[str]], order: int) -> list[Counter]:

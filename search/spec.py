@@ -18,7 +18,15 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from orchestrator.driver.config import JobSpec, SpecError, apply_overrides, parse_spec
+from orchestrator.driver.config import (
+    JobSpec,
+    SpecError,
+    apply_overrides,
+    one_line,
+    parse_spec,
+    read_yaml,
+    yaml_value,
+)
 from search.space import Space
 
 METHODS = ("bohb", "hyperband", "asha", "hyperopt", "random")
@@ -127,15 +135,6 @@ class SweepSpec(BaseModel):
         return parse_spec(raw, f"trial {name}", self.space.overrides(config) + trial, check_paths=check_paths)
 
 
-def _read_yaml(path: Path, what: str) -> Any:
-    if not path.is_file():
-        raise SpecError(f"{path}: no such {what} file")
-    try:
-        return yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise SpecError(f"{path}: not valid YAML: {exc}") from None
-
-
 def _absolute_data(job: JobSpec) -> dict:
     raw = job.model_dump(mode="json")
     for key in ("train", "dev", *job.workload_config.final_splits):
@@ -148,7 +147,7 @@ def load_sweep(path: str | Path, overrides: list[str] = (), check_paths: bool = 
     """Read, resolve and check a sweep spec; a `SpecError` names the file and the key. With
     `check_paths=False` the job's data paths need not exist here (`chorus submit`)."""
     path = Path(path)
-    raw = _read_yaml(path, "sweep spec")
+    raw = read_yaml(path, "sweep spec")
     if not isinstance(raw, dict):
         raise SpecError(f"{path}: the sweep spec must be a mapping, got {type(raw).__name__}")
     job_sets = [o.strip().removeprefix("job.") for o in overrides if o.strip().startswith("job.")]
@@ -163,7 +162,11 @@ def load_sweep(path: str | Path, overrides: list[str] = (), check_paths: bool = 
         job_path = Path(job_raw)
         if not job_path.is_file() and (path.parent / job_raw).is_file():
             job_path = path.parent / job_raw
-        job_raw, job_where = _read_yaml(job_path, "job spec"), f"{path}: job ({job_path})"
+        job_where = f"{path}: job ({job_path})"
+        try:
+            job_raw = read_yaml(job_path, "job spec")
+        except SpecError as exc:  # it names the job's file: say which sweep named it
+            raise SpecError(f"{path}: job: {exc}") from None
     if not isinstance(job_raw, dict):
         raise SpecError(f"{job_where}: a job spec (mapping) or the path of one, got {type(job_raw).__name__}")
     job = parse_spec(job_raw, job_where, job_sets, check_paths=check_paths)
@@ -192,11 +195,11 @@ def _set_space(raw: dict, overrides: list[str], path: Path) -> None:
     for item in overrides:
         key, sep, value = item.partition("=")
         name, _, last = key.strip().rpartition(".")
-        parsed = yaml.safe_load(value) if value.strip() else None
+        parsed = yaml_value(value, f"{path}: --set space.{one_line(key.strip())}")
         if last in PARAM_FIELDS and name:
             if not isinstance(space.get(name), dict):
-                raise SpecError(f"{path}: --set space.{key.strip()}: the space has no parameter {name!r} "
-                                f"(it has: {', '.join(space) or 'none'})")
+                raise SpecError(f"{path}: --set space.{one_line(key.strip())}: the space has no parameter {name!r} "
+                                f"(it has: {', '.join(one_line(str(k)) for k in space) or 'none'})")
             space[name][last] = parsed
         else:
             space[key.strip()] = parsed

@@ -4,11 +4,18 @@ back one shard at a time (`chorus shards MANIFEST --out URI --shard-mb N`).
 
 The folder holds `shards.json` (the index: format version, each shard's name, utterance count and
 seconds, the totals, the log-mel channels carried if any, and what was skipped) and `shard-<n>.tar`
-files, each a sequence of `<id>.<audio extension>` (the source file's bytes, unchanged),
-optionally `<id>.mel` (its log-mel power, float16, `--features`) and `<id>.json` ({"text",
-"duration"}; with features also "frames" and "power", the mean sample power) members, about
-`shard_mb` of audio each. Whoever plans who reads what needs only the index (names and counts); a
-reader holds one member at a time, never a whole shard.
+files, each a sequence of `<id>.<audio extension>` (the source file's bytes, unchanged; `.audio`
+for a file without one), optionally `<id>.mel` (its log-mel power, float16, `--features`) and
+`<id>.json` ({"text", "duration"}; with features also "frames" and "power", the mean sample power)
+members, about `shard_mb` of audio each. A member's id is its name up to the last dot (ids may hold
+dots). Whoever plans who reads what needs only the index (names and counts); a reader holds one
+member at a time, never a whole shard.
+
+Shards may come from anyone's bucket, so nothing read is trusted: an index that is not one is a
+`DataError`; an index entry whose name is not a plain file name of the folder (`../x`, `/x`) or
+that is malformed is left out (`AudioShards.skipped`); a member whose JSON lacks a field or has one
+of the wrong type is read as an `UnusableMember`; and an utterance decodes to no more audio (or
+features) than its stated duration allows, nor than the reader's `max_seconds`.
 
 Example:
     >>> write_audio_shards("data/tiny/train.jsonl", "s3://bucket/tiny-train?endpoint_override=127.0.0.1:9000")
@@ -24,6 +31,8 @@ from __future__ import annotations
 
 import io
 import json
+import math
+import re
 import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -31,10 +40,24 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from pydantic import Field
 
 from jobs.data import tar_stream
-from jobs.data.manifests import AudioError, DataError, load_audio, read_corpus
-from jobs.features.filterbanks import Fbank
+from jobs.data.manifests import (
+    LONGER_THAN_STATED,
+    MALFORMED_ENTRY,
+    SHORTEST_S,
+    STATED_SLACK_S,
+    TOO_LONG,
+    TOO_SHORT,
+    AudioError,
+    DataError,
+    Record,
+    SkipReport,
+    load_audio,
+    read_corpus,
+)
+from jobs.features.filterbanks import Fbank, frames_in
 
 INDEX = "shards.json"
 TEXTS = "texts.txt"
@@ -42,6 +65,35 @@ READ_BUFFER = 16 << 20  # bytes a shard's reader asks the store for at once (one
 # at a time); fewer, larger requests cost the store less (bench/README, "Shards at scale", has the measurements)
 FORMAT = "chorus-audio-shards"
 VERSION = 1
+MAX_INDEX = 64 << 20  # bytes of an index read at most (~60 a shard: a million shards fit); more is not one of ours
+MAX_UTTERANCES = 1 << 31  # a shard's count at most (a tar of that many utterances would be terabytes); 2^64 was an
+# OverflowError in the stream's arithmetic
+NO_EXTENSION = ".audio"  # an audio member's extension when its file had none
+PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # a shard's name: a file of the shards' folder, no path
+NOT_PLAIN = "shard name not a plain file name"
+MALFORMED_MEMBER = "malformed shard member"
+UNREADABLE_FEATURES = "unreadable features"
+
+
+class _Meta(Record):
+    """A member's JSON."""
+    text: str
+    duration: float = Field(ge=0)
+    frames: int = Field(0, ge=0)
+    power: float = Field(0.0, ge=0)
+
+
+class _Entry(Record):
+    """A shard of the index."""
+    name: str
+    utterances: int = Field(ge=0, le=MAX_UTTERANCES)
+
+
+@dataclass(frozen=True)
+class UnusableMember:
+    """A member whose JSON is not a usable one: `detail` says why (its skip reason: MALFORMED_MEMBER)."""
+    id: str
+    detail: str
 
 
 @dataclass(frozen=True)
@@ -53,21 +105,45 @@ class ShardUtterance:
     mel: bytes | None = None  # its log-mel power, float16 (frames, bins), when the shards carry features
     frames: int = 0
     power: float = 0.0  # its mean sample power (for noise at an SNR in the log-mel domain)
+    mel_bins: int | None = None  # the channels of its log-mel power (the index's)
+    max_seconds: float = math.inf  # the longest it may decode to (whoever reads it says)
+
+    @property
+    def allowed_seconds(self) -> float:
+        """What it may decode to: its stated duration (and a little), and at most `max_seconds`."""
+        return min(self.max_seconds, self.duration + STATED_SLACK_S)
 
     @property
     def waveform(self) -> torch.Tensor:
-        """Mono float32 at 16 kHz (`jobs.data.manifests.load_audio`: raises AudioError when unreadable)."""
-        return load_audio(io.BytesIO(self.audio))
+        """Mono float32 at 16 kHz (`jobs.data.manifests.load_audio`: raises AudioError when unreadable
+        or longer than `allowed_seconds`, whatever the JSON said)."""
+        try:
+            return load_audio(io.BytesIO(self.audio), self.allowed_seconds)
+        except AudioError as exc:
+            if exc.reason == TOO_LONG and self.allowed_seconds < self.max_seconds:
+                raise AudioError(LONGER_THAN_STATED, f"{exc.detail}; its JSON says {self.duration:g} s") from None
+            raise
 
     @property
     def log_mel(self) -> torch.Tensor:
         """The precomputed log-mel power (frames, bins), float32 (`Fbank.log_mel` of the audio)."""
         if self.mel is None:
             raise AudioError("no features", "these shards carry audio only (write them with --features)")
-        values = np.frombuffer(self.mel, dtype=np.float16)
-        if self.frames <= 0 or values.size % self.frames:
-            raise AudioError("unreadable features", f"{values.size} values are not {self.frames} frames")
-        return torch.from_numpy(values.reshape(self.frames, -1).astype(np.float32))
+        if self.frames < frames_in(SHORTEST_S):  # (normalizing one frame divides by a deviation of NaN)
+            raise AudioError(TOO_SHORT, f"{self.frames} frames")
+        frames_allowed = frames_in(self.allowed_seconds)
+        if self.frames > frames_allowed:
+            reason = TOO_LONG if self.allowed_seconds == self.max_seconds else LONGER_THAN_STATED
+            raise AudioError(reason, f"{self.frames} frames, over the {frames_allowed:.0f} of "
+                                     f"{self.allowed_seconds:g} s")
+        bins = self.mel_bins or len(self.mel) // (2 * self.frames)
+        if not bins or len(self.mel) != 2 * self.frames * bins:
+            raise AudioError(UNREADABLE_FEATURES, f"{len(self.mel)} bytes are not {self.frames} frames of "
+                             f"{bins} float16 channels")
+        values = np.frombuffer(self.mel, dtype=np.float16).reshape(self.frames, bins)
+        if not np.isfinite(values).all():
+            raise AudioError(UNREADABLE_FEATURES, "values that are not finite numbers")
+        return torch.from_numpy(values.astype(np.float32))
 
 
 def _filesystem(location: str | Path):
@@ -121,7 +197,8 @@ def write_audio_shards(manifest: str | Path, out: str | Path, shard_mb: float = 
 def _members(utt, fbank: Fbank | None) -> list[tuple[str, bytes]]:
     """An utterance's tar members: its audio file, its log-mel power (with `fbank`), its json."""
     audio = Path(utt.path).read_bytes()
-    meta, members = {"text": utt.text, "duration": utt.duration}, [(f"{utt.id}{Path(utt.path).suffix}", audio)]
+    suffix = Path(utt.path).suffix or NO_EXTENSION
+    meta, members = {"text": utt.text, "duration": utt.duration}, [(f"{utt.id}{suffix}", audio)]
     if fbank is not None:
         waveform = load_audio(io.BytesIO(audio))
         mel = fbank.log_mel(waveform).numpy().astype(np.float16)
@@ -145,55 +222,88 @@ def _deal(utterances: list, shard_bytes: float, seed: int) -> list[list]:
 
 
 class AudioShards:
-    """The shards at a folder or URI: `names` and `counts` from the index alone; `read(name)`
-    streams one shard's utterances."""
+    """The shards at a folder or URI: `names` and `counts` from the index alone (its unusable
+    entries left out, counted in `skipped`); `read(name)` streams one shard's utterances."""
 
     def __init__(self, location: str | Path):
         self.location = str(location)
         self.fs, self.root = _filesystem(location)
-        try:
-            with self.fs.open_input_stream(f"{self.root}/{INDEX}") as stream:
-                index = json.loads(stream.read())
-        except (FileNotFoundError, OSError):
-            raise DataError(f"{self.location.split('?')[0]}: no {INDEX} there (write shards with "
-                            f"`chorus shards MANIFEST --out URI`)") from None
-        if index.get("format") != FORMAT or index.get("version") != VERSION:
-            raise DataError(f"{self.location.split('?')[0]}/{INDEX}: not a version-{VERSION} {FORMAT} index")
+        where = f"{self.location.split('?')[0]}/{INDEX}"
+        index = self._index(where)
         self.mel_bins = index.get("mel_bins")  # the log-mel channels each utterance carries; None: audio only
-        self.names = [s["name"] for s in index["shards"]]
-        self.counts = {s["name"]: s["utterances"] for s in index["shards"]}
+        if self.mel_bins is not None and (type(self.mel_bins) is not int or self.mel_bins < 1):
+            raise DataError(f"{where}: mel_bins is {self.mel_bins!r}, not a number of channels")
+        self.skipped, self.counts = SkipReport(), {}
+        for i, item in enumerate(index["shards"]):
+            entry, problem = _Entry.checked(item)
+            if entry is not None and not PLAIN_NAME.fullmatch(entry.name):
+                self.skipped.skip(f"{where}: shard {entry.name!r}", NOT_PLAIN, f"{INDEX}#{i}")
+            elif entry is None or entry.name in self.counts:
+                self.skipped.skip(f"{where}: shard {i} ({problem or 'listed twice'})", MALFORMED_ENTRY,
+                                  f"{INDEX}#{i}")
+            else:
+                self.counts[entry.name] = entry.utterances
+        self.names = list(self.counts)
         self.utterances = sum(self.counts.values())
 
-    def read(self, name: str, skip: int = 0) -> Iterator[ShardUtterance]:
+    def _index(self, where: str) -> dict:
+        """The index, checked to be one of ours with a list of shards; else a DataError."""
+        try:
+            with self.fs.open_input_stream(f"{self.root}/{INDEX}") as stream:
+                raw = stream.read(MAX_INDEX + 1)
+        except OSError:  # FileNotFoundError too
+            raise DataError(f"{self.location.split('?')[0]}: no {INDEX} there (write shards with "
+                            f"`chorus shards MANIFEST --out URI`)") from None
+        try:
+            index = json.loads(raw)
+        except (ValueError, RecursionError):  # RecursionError: nesting deeper than Python's stack
+            index = None
+        if not isinstance(index, dict) or index.get("format") != FORMAT or index.get("version") != VERSION \
+                or not isinstance(index.get("shards"), list):
+            raise DataError(f"{where}: not a version-{VERSION} {FORMAT} index")
+        return index
+
+    def read(self, name: str, skip: int = 0, max_seconds: float = math.inf
+             ) -> Iterator[ShardUtterance | UnusableMember]:
         """The utterances of shard `name`, in order, after its first `skip` (passed over
-        undecoded), one member in memory at a time. A shard that cannot be opened or read raises
-        OSError or tarfile.TarError; one that ends early just ends (its reader counts)."""
+        undecoded), one member in memory at a time; each decodes to at most `max_seconds`. A
+        member whose JSON is unusable comes as an `UnusableMember`. A shard that cannot be opened
+        or read raises OSError or tarfile.TarError; one that ends early just ends (its reader counts)."""
         with self.fs.open_input_stream(f"{self.root}/{name}", buffer_size=READ_BUFFER) as stream:
             parts: dict[str, bytes] = {}  # the current utterance's members before its json: audio (and mel)
             key = None
             for member, data in tar_stream.members(stream):
-                name_key, _, ext = member.partition(".")
+                name_key, _, ext = member.rpartition(".") if "." in member else (member, "", "")
                 if ext != "json":
                     if name_key != key:
                         parts, key = {}, name_key
                     parts["mel" if ext == "mel" else "audio"] = data
                     continue
                 if name_key != key or "audio" not in parts:
-                    raise tarfile.ReadError(f"{member} has no audio before it")
+                    raise tarfile.ReadError(f"{member!r} has no audio before it")
                 if skip > 0:
                     skip -= 1
                 else:
-                    meta = json.loads(data)
-                    yield ShardUtterance(key, meta["text"], meta["duration"], parts["audio"], parts.get("mel"),
-                                         meta.get("frames", 0), meta.get("power", 0.0))
+                    yield self._utterance(key, data, parts, max_seconds)
                 parts, key = {}, None
+
+    def _utterance(self, key: str, data: bytes, parts: dict[str, bytes],
+                   max_seconds: float) -> ShardUtterance | UnusableMember:
+        try:
+            meta, problem = _Meta.checked(json.loads(data))
+        except (ValueError, RecursionError):  # not UTF-8, not JSON, nested too deep
+            meta, problem = None, "its JSON is not JSON"
+        if meta is None:
+            return UnusableMember(key, problem)
+        return ShardUtterance(key, meta.text, meta.duration, parts["audio"], parts.get("mel"), meta.frames,
+                              meta.power, self.mel_bins, max_seconds)
 
     def texts(self, limit: int | None = None) -> list[str]:
         """The corpus's transcripts (`texts.txt`, in the order the shards were dealt: any first
-        `limit` of them are a random sample of the corpus)."""
+        `limit` of them are a random sample of the corpus; what is not UTF-8 is replaced)."""
         lines = []
         with self.fs.open_input_stream(f"{self.root}/{TEXTS}") as stream:
-            for line in io.TextIOWrapper(io.BufferedReader(stream), encoding="utf-8"):
+            for line in io.TextIOWrapper(io.BufferedReader(stream), encoding="utf-8", errors="replace"):
                 if limit is not None and len(lines) >= limit:
                     break
                 lines.append(line.rstrip("\n"))

@@ -5,10 +5,12 @@ A corpus is either a LibriSpeech-layout directory (`<speaker>/<chapter>/*.flac` 
 `text`; relative paths resolve against the manifest's folder). Both yield `Utterance`s keyed by
 the audio file's stem, so the same corpus reads the same either way.
 
-Bad input never stops training: a missing, unreadable, empty or too long audio file, a malformed
-or non-UTF-8 manifest or transcript line or an utterance without a transcript is skipped, counted
-in a `SkipReport` and logged once with its path (and `file:line`). What cannot train or evaluate at
-all — a split left with no usable utterance — is a `DataError`.
+Bad input never stops training: a missing, unreadable, empty, too short or too long audio file
+(or one of samples that are not finite, or at a rate below 4 kHz or too costly to resample), a malformed or
+non-UTF-8 manifest or transcript line or an utterance without a transcript is skipped, counted in
+a `SkipReport` and logged once with its path (and `file:line`). What cannot train or evaluate at
+all — a split left with no usable utterance — is a `DataError`. The records of the data formats
+built on manifests (an index's entries, a shard member's JSON) are checked as `Record`s.
 """
 
 from __future__ import annotations
@@ -19,11 +21,13 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Self
 
 import numpy as np
 import soundfile as sf
 import torch
 import torchaudio
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 SAMPLE_RATE = 16_000
 log = logging.getLogger("chorus.data")
@@ -40,6 +44,18 @@ class Utterance:
 
 TOO_LONG = "longer than data.max_utterance_seconds"
 NOT_UTF8 = "line not UTF-8"
+UNREADABLE = "unreadable audio file"
+ODD_RATE = "unusable sample rate"
+MALFORMED_ENTRY = "malformed index entry"
+LONGER_THAN_STATED = "longer than its stated duration"
+TOO_SHORT = "shorter than 50 ms"
+SHORTEST_S = 0.05  # no utterance is shorter; and the filterbank's 25 ms window, reflect-padded, needs over half a
+# window of samples even at 2x speed (audio of 200 samples or fewer was a RuntimeError that stopped the job)
+STATED_SLACK_S = 0.1  # how much longer than an index or a shard states an utterance may decode to (ours are exact)
+LOWEST_RATE = 4000  # Hz: no speech is recorded at less; a header's 1 Hz made 2 KB of file 36 M samples (2 s of work)
+MAX_RESAMPLE_TAPS = 2_000_000  # torchaudio's resampling kernel has (rate/g) x (16000/g) taps, g their gcd: 70,560 for
+# 44.1 kHz, 1.4 M for 5,512 Hz; a header's 7,919 Hz would take 127 M (0.5 GB, 6 s a second of audio), 96,001 Hz 1.5 G
+# (the process was killed)
 
 
 class DataError(ValueError):
@@ -88,6 +104,29 @@ class SkipReport:
         return f"{self.total} skipped ({reasons})"
 
 
+def first_line(exc: BaseException) -> str:
+    """An exception's message's first line (its type's name when it has none), what it quotes of a file escaped."""
+    line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return line if line.isprintable() else repr(line)[1:-1]
+
+
+class Record(BaseModel):
+    """A record of a data file that Chorus reads (an index's entry, a shard member's JSON): each
+    field of exactly its type (a string is no number, a boolean no integer), numbers finite, other
+    keys ignored. `checked` gives one, or one line on why a value is none."""
+
+    model_config = ConfigDict(strict=True, allow_inf_nan=False, frozen=True)
+
+    @classmethod
+    def checked(cls, value) -> tuple[Self | None, str]:
+        try:
+            return cls.model_validate(value), ""
+        except ValidationError as exc:
+            error = exc.errors()[0]
+            field = ".".join(map(str, error["loc"]))
+            return None, f"{field}: {error['msg']}" if field else "not a JSON object"
+
+
 class AudioError(Exception):
     """An audio file that cannot be used; `reason` is its skip reason, `detail` says more."""
 
@@ -99,24 +138,40 @@ class AudioError(Exception):
 def load_audio(path, max_seconds: float | None = None) -> torch.Tensor:
     """Mono float32 waveform at 16 kHz of a file (a path, or a binary file object): stereo is
     averaged, other rates resampled. A file longer than `max_seconds` is refused from its header,
-    before any sample is read."""
+    before any sample is read, and no more samples than that are read whatever the header says.
+    Samples that are not finite, or a rate below LOWEST_RATE or too costly to resample
+    (`MAX_RESAMPLE_TAPS`), are an AudioError as well."""
     try:
         with sf.SoundFile(str(path) if isinstance(path, (str, Path)) else path) as f:
-            seconds = f.frames / f.samplerate
+            seconds, rate = f.frames / f.samplerate, f.samplerate
             if max_seconds is not None and seconds > max_seconds:
                 raise AudioError(TOO_LONG, f"{seconds:.0f} s > {max_seconds:g} s")
-            wav, rate = f.read(dtype="float32", always_2d=True), f.samplerate
+            _check_rate(rate)
+            most = -1 if max_seconds is None or math.isinf(max_seconds) else math.floor(max_seconds * rate)
+            wav = f.read(frames=most, dtype="float32", always_2d=True)
     except AudioError:
         raise
     except Exception as exc:  # soundfile raises several types for unreadable files
-        detail = str(exc) if isinstance(path, (str, Path)) else str(exc).rpartition(">: ")[2]  # not the object's repr
-        raise AudioError("unreadable audio file", detail) from exc
+        detail = first_line(exc)
+        raise AudioError(UNREADABLE, detail if isinstance(path, (str, Path)) else detail.rpartition(">: ")[2]) \
+            from exc  # (not the file object's repr)
     if wav.shape[0] == 0:
         raise AudioError("empty audio file")
+    if not np.isfinite(wav).all():
+        raise AudioError(UNREADABLE, "samples that are not finite numbers")
     mono = torch.from_numpy(wav.mean(axis=1))
     if rate != SAMPLE_RATE:
         mono = torchaudio.functional.resample(mono, rate, SAMPLE_RATE)
+    if len(mono) < SHORTEST_S * SAMPLE_RATE:
+        raise AudioError(TOO_SHORT, f"{len(mono) / SAMPLE_RATE * 1000:.0f} ms")
     return mono
+
+
+def _check_rate(rate: int) -> None:
+    """An AudioError for a sample rate below LOWEST_RATE, or whose resampling to 16 kHz would cost too much."""
+    common = math.gcd(rate, SAMPLE_RATE)
+    if rate < LOWEST_RATE or (rate // common) * (SAMPLE_RATE // common) > MAX_RESAMPLE_TAPS:
+        raise AudioError(ODD_RATE, f"{rate} Hz")
 
 
 def _probe(path: Path, where: str, report: SkipReport, max_seconds: float) -> float | None:
@@ -132,12 +187,15 @@ def _probe(path: Path, where: str, report: SkipReport, max_seconds: float) -> fl
     try:
         info = sf.info(str(path))
     except Exception:
-        report.skip(where, "unreadable audio file", key)
+        report.skip(where, UNREADABLE, key)
         return None
     if info.frames == 0:
         report.skip(where, "empty audio file", key)
         return None
     seconds = info.frames / info.samplerate
+    if seconds < SHORTEST_S:
+        report.skip(f"{where} ({seconds * 1000:.0f} ms)", TOO_SHORT, key)
+        return None
     if seconds > max_seconds:
         report.skip(f"{where} ({seconds:.0f} s > {max_seconds:g} s)", TOO_LONG, key)
         return None
@@ -181,7 +239,9 @@ def _read_jsonl(manifest: Path, report: SkipReport, max_seconds: float) -> list[
         try:
             row = json.loads(line)
             rel = row["audio_filepath"]
-        except (json.JSONDecodeError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):
+            rel = None
+        if not isinstance(rel, str) or not rel:  # (a number there was a TypeError that stopped the job)
             report.skip(where, "malformed manifest line (needs JSON with audio_filepath)")
             continue
         path = Path(rel) if Path(rel).is_absolute() else manifest.parent / rel

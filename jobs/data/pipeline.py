@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 from collections import OrderedDict
@@ -138,12 +139,17 @@ class _Pages:
 
 
 _END = object()
+CLOSE_WAIT_S = 10.0  # how long `Prefetcher.close` waits for its thread: a batch is prepared in well under this; a
+# source stalled in a read (an S3 request that hangs until its own timeout, minutes) must not hold up the
+# learner's exit, so the (daemon) thread is then left to end at its next item, or with the process
+log = logging.getLogger("chorus.data")
 
 
 class Prefetcher:
     """Iterates `source` in a daemon thread, at most `depth` items ahead of the consumer. An
     exception in `source` is raised to the consumer at the item where it happened; `close()` (also
-    on garbage collection of a generator that wraps it) stops the thread without draining `source`."""
+    on garbage collection of a generator that wraps it) stops the thread without draining `source`,
+    waiting at most CLOSE_WAIT_S for it."""
 
     def __init__(self, source: Iterator, depth: int):
         if depth < 1:
@@ -189,7 +195,10 @@ class Prefetcher:
 
     def close(self) -> None:
         self._stop.set()
-        self._thread.join()
+        self._thread.join(CLOSE_WAIT_S)
+        if self._thread.is_alive():
+            log.warning("the prefetch thread is still inside its source after %g s (a stalled read?); left to end "
+                        "on its own", CLOSE_WAIT_S)
 
     @property
     def running(self) -> bool:

@@ -13,7 +13,9 @@ A stream's `position` counts the planned utterances passed (trained, skipped, or
 shard), from the epoch's start: a resumed learner passes over that many members without decoding
 them. An utterance too long or unreadable is skipped and counted by `<shard>:<id>`; a shard that
 cannot be opened or read, or that ends before its index's count, is skipped from there on and
-counted by its name.
+counted by its name; a member with unusable JSON, or whose audio is longer than its JSON states, is
+skipped and counted like an unreadable one, and so are the index's unusable entries
+(`jobs.data.audio_shards`: nothing a bucket holds is trusted).
 """
 
 from __future__ import annotations
@@ -26,10 +28,10 @@ from pathlib import Path
 
 import numpy as np
 
-from jobs.data.audio_shards import INDEX, AudioShards, ShardUtterance
+from jobs.data.audio_shards import INDEX, MALFORMED_MEMBER, AudioShards, ShardUtterance, UnusableMember
 from jobs.data.batch import Batch, padded_batch
 from jobs.data.heap import HeapTrimmer
-from jobs.data.manifests import TOO_LONG, AudioError, DataError, SkipReport
+from jobs.data.manifests import STATED_SLACK_S, TOO_LONG, AudioError, DataError, first_line
 from jobs.data.pipeline import Prefetcher
 from jobs.features.augment import Augment, Draws
 from jobs.features.device import AudioBatch
@@ -40,6 +42,9 @@ TOKENIZER_SENTENCES = 10_000  # transcripts a BPE tokenizer learns from: a sampl
 # (50,000 made a 100,000-utterance corpus's jobs start 4-5 s later than a 10,000-utterance one's)
 UNREADABLE_SHARD = "unreadable shard"
 CUT_SHORT = "shard cut short"
+BUDGET_FLOOR_S = STATED_SLACK_S  # what an utterance counts for in a batch's budget at least: as none decodes to more
+# than its stated duration and this (`ShardUtterance.allowed_seconds`), no batch holds over twice its budget of audio,
+# whatever durations a shard's JSON states
 
 
 def is_shard_source(source) -> bool:
@@ -93,7 +98,8 @@ class StreamCorpus:
         self.mel_augment = MelAugment(self.augment, fbank) if shard_features and self.augment else None
         self.counts = [self.shards.counts[name] for name in self.shards.names]
         self.first = np.concatenate([[0], np.cumsum(self.counts)]).astype(int).tolist()  # each shard's first utterance
-        self.skipped, self._skipped_keys = SkipReport(), set()
+        self.skipped = self.shards.skipped  # the index's unusable entries, to begin with
+        self._skipped_keys = set(self.skipped.keys)
 
     def __len__(self) -> int:
         return self.shards.utterances
@@ -207,8 +213,14 @@ class ShardStream:
         corpus, name, count = self.corpus, self.corpus.shards.names[i], self.corpus.counts[i]
         batch, longest, n = [], 0.0, skip
         try:
-            for utt in corpus.shards.read(name, skip):
-                if batch and (len(batch) + 1) * max(longest, utt.duration) > self.budget:
+            for utt in corpus.shards.read(name, skip, corpus.max_seconds):
+                if isinstance(utt, UnusableMember):
+                    n += 1
+                    corpus.skip(f"{utt.id} in {corpus.source}/{name} ({utt.detail})", MALFORMED_MEMBER,
+                                f"{name}:{utt.id}")
+                    continue
+                seconds = max(utt.duration, BUDGET_FLOOR_S)
+                if batch and (len(batch) + 1) * max(longest, seconds) > self.budget:
                     yield n, batch
                     batch, longest = [], 0.0
                 n += 1
@@ -217,16 +229,12 @@ class ShardStream:
                                         f"{corpus.max_seconds:g} s)", TOO_LONG, f"{name}:{utt.id}")
                     continue
                 batch.append((corpus.first[i] + n - 1, utt))
-                longest = max(longest, utt.duration)
+                longest = max(longest, seconds)
         except (OSError, tarfile.TarError, EOFError, ValueError) as exc:
-            corpus.skip(f"{corpus.source}/{name} from utterance {n} of {count} ({_first_line(exc)})",
+            corpus.skip(f"{corpus.source}/{name} from utterance {n} of {count} ({first_line(exc)})",
                                 UNREADABLE_SHARD, name)
         else:
             if n < count:
                 corpus.skip(f"{corpus.source}/{name} (it ends after {n} of {count} utterances)",
                                     CUT_SHORT, name)
         yield count, batch
-
-
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).splitlines() or [type(exc).__name__])[0]

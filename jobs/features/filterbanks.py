@@ -10,7 +10,13 @@ import torchaudio
 from jobs.sections import FeatureConfig
 
 SAMPLE_RATE = 16_000
+HOP = 160  # samples from one frame to the next (10 ms)
 FLOOR = 1e-6  # added to the mel power before its log
+
+
+def frames_in(seconds: float) -> float:
+    """The most frames `Fbank` makes of `seconds` of audio (a frame every HOP samples, and one more)."""
+    return seconds * SAMPLE_RATE / HOP + 1
 
 
 def vtlp_frequencies(freqs: torch.Tensor, alpha: float, nyquist: float = SAMPLE_RATE / 2,
@@ -31,7 +37,7 @@ class Fbank:
     def __init__(self, num_mel_bins: int = 80):
         self.num_mel_bins = num_mel_bins
         self._mel = torchaudio.transforms.MelSpectrogram(
-            sample_rate=SAMPLE_RATE, n_fft=400, win_length=400, hop_length=160, n_mels=num_mel_bins
+            sample_rate=SAMPLE_RATE, n_fft=400, win_length=400, hop_length=HOP, n_mels=num_mel_bins
         )
 
     @property

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import torch
 
-from orchestrator.checkpoint.state_store import StateStore
+from orchestrator.checkpoint.state_store import StateStore, is_store_file
 
 log = logging.getLogger("chorus.checkpoint")
 
@@ -49,6 +49,7 @@ READS = (1, 2)  # format 1: states inline
 LATEST = "checkpoint.pt"
 KEEP = 2
 KEYS = ("version", "spec", "model", "learners", "learner_ids", "planner", "job")
+SHAPES = {"spec": dict, "model": dict, "learners": list, "learner_ids": list, "planner": dict | None, "job": dict}
 _NUMBERED = re.compile(r"^checkpoint-(\d+)\.pt$")
 
 
@@ -206,18 +207,21 @@ def resolve(state: dict, store: StateStore) -> dict:
     """A checkpoint with the files it names read in: each learner's whole state (with its own
     counters) and the averaged model's state_dict, as format 1 held them, with what the workload
     saved beside that state_dict (a tokenizer) as keys of the checkpoint's own."""
-    def read(entry: dict) -> dict:
+    def read(entry: dict, needs: str = "") -> dict:
         if "file" not in entry:
             return entry
         try:
-            return store.read(entry["file"])
+            found = store.read(entry["file"])
         except Exception as exc:  # noqa: BLE001 - one line naming the file
             raise CheckpointError(f"{store.root}/{entry['file']}: {_load_failure(exc)}") from None
+        if not isinstance(found, dict) or needs and not isinstance(found.get(needs), dict):
+            raise CheckpointError(f"{store.root}/{entry['file']}: corrupt (not the state Chorus writes there)")
+        return found
 
     learners = [{**read(e), "counters": e["counters"]} if "file" in e else e for e in state["learners"]]
     resolved = {**state, "learners": learners}
     if "file" in state["model"]:
-        averaged = read(state["model"])
+        averaged = read(state["model"], needs="model")
         resolved["model"] = averaged["model"]
         resolved.update({k: v for k, v in averaged.items() if k not in resolved})  # the workload's parts (a tokenizer)
     return resolved
@@ -251,24 +255,43 @@ def _verify(path: Path, state) -> None:
     if missing:
         raise CheckpointError(f"{path}: not a Chorus checkpoint of format {FORMAT_VERSION} "
                               f"(no {', '.join(missing)})")
-    if state["version"] not in READS:
-        raise CheckpointError(f"{path}: format version {state['version']!r}; this Chorus reads "
+    if type(state["version"]) is not int or state["version"] not in READS:
+        raise CheckpointError(f"{path}: format version {_shown(state['version'])}; this Chorus reads "
                               f"{', '.join(map(str, READS))}")
-    if not isinstance(state["learners"], list) or len(state["learners"]) != len(state["learner_ids"]) \
-            or not state["learners"]:
+    wrong = [key for key, kind in SHAPES.items() if not isinstance(state[key], kind)]
+    if wrong:
+        raise CheckpointError(f"{path}: corrupt (its {', '.join(wrong)} not what Chorus writes)")
+    learners, ids = state["learners"], state["learner_ids"]
+    if len(learners) != len(ids) or not learners or not all(isinstance(e, dict) for e in learners) \
+            or not all(type(i) is int for i in ids):
         raise CheckpointError(f"{path}: corrupt (learners and learner_ids do not match)")
-    if not isinstance(state["model"], dict) or ("file" not in state["model"] and not finite(state["model"])):
+    if "file" not in state["model"] and not finite(state["model"]):
         raise CheckpointError(f"{path}: corrupt (its model has non-finite weights)")
 
 
 def _verify_files(path: Path, state: dict, store: StateStore) -> None:
-    """Every file a format-2 checkpoint names is in the store, at the size it was written."""
-    entries = [e for e in [state["model"], *state["learners"]] if isinstance(e, dict) and "file" in e]
+    """Every file a format-2 checkpoint names is one of its run's files (a name, never a path: a
+    name that would lead elsewhere refuses the checkpoint), in the store at the size it was written."""
+    entries = [e for e in [state["model"], *state["learners"]] if "file" in e]
     for entry in entries:
-        size = store.size(entry["file"])
-        if size != entry.get("bytes"):
-            found = "missing" if size is None else f"{size} bytes, not {entry.get('bytes')}"
-            raise CheckpointError(f"{path}: unusable: the file it names, {entry['file']}, is {found}")
+        name = entry["file"]
+        if not isinstance(name, str) or not is_store_file(name):
+            raise CheckpointError(f"{path}: refused: it names {_shown(name)}, which is not a state or model file "
+                                  "of its run")
+        if type(entry.get("bytes")) is not int or entry is not state["model"] and \
+                not isinstance(entry.get("counters"), dict):
+            raise CheckpointError(f"{path}: corrupt (the entry of {name} has no size or no counters)")
+        size = store.size(name)
+        if size != entry["bytes"]:
+            found = "missing" if size is None else f"{size} bytes, not {entry['bytes']}"
+            raise CheckpointError(f"{path}: unusable: the file it names, {name}, is {found}")
+
+
+def _shown(value) -> str:
+    """A value read from a checkpoint, as one short line (its repr if it is a string or a number)."""
+    if isinstance(value, str | int | float) or value is None:
+        return repr(value)[:80]
+    return f"a {type(value).__name__}"
 
 
 def _load_failure(exc: Exception) -> str:
@@ -276,12 +299,17 @@ def _load_failure(exc: Exception) -> str:
     text = str(exc)
     banned = re.search(r"Unsupported global: GLOBAL (\S+)", text)
     if banned:
-        return (f"refused: it holds {banned.group(1)}, not only tensors and plain data (checkpoints load "
+        return (f"refused: it holds {_escaped(banned.group(1))}, not only tensors and plain data (checkpoints load "
                 "with weights_only=True)")
     unpickler = re.search(r"WeightsUnpickler error:\s*(.+)", text)
-    return f"truncated or corrupt ({unpickler.group(1).strip() if unpickler else _first_line(exc)})"
+    return f"truncated or corrupt ({_escaped(unpickler.group(1).strip()) if unpickler else _first_line(exc)})"
 
 
 def _first_line(exc: Exception) -> str:
     text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
+    return _escaped(text[0] if text else type(exc).__name__)
+
+
+def _escaped(line: str) -> str:
+    """`line` with what would garble a terminal escaped: torch's messages quote a damaged file's bytes."""
+    return line if line.isprintable() else repr(line)[1:-1]

@@ -30,7 +30,15 @@ START = "state-start.pt"  # the learners' starting state: where a rollback befor
 
 def is_store_file(name: str) -> bool:
     """Whether `name` is one of the files learners and the evaluator write (not the driver's)."""
-    return bool(STATE_FILE.match(name)) or name == START
+    return bool(STATE_FILE.fullmatch(name)) or name == START  # (`$` would let a trailing newline through)
+
+
+def checked_name(name) -> str:
+    """`name` when it is a store file's (`is_store_file`: a plain name, never a path); else ValueError. The
+    names a store reads come from checkpoint manifests, which are files: none may lead outside the root."""
+    if not isinstance(name, str) or not is_store_file(name):
+        raise ValueError(f"{str(name)[:80]!r} is not the name of a checkpoint's state or model file")
+    return name
 
 
 def state_file(step: int, learner_id: int) -> str:
@@ -88,6 +96,7 @@ class StateStore:
         return len(data)
 
     def read(self, name: str):
+        name = checked_name(name)
         if self.is_uri:
             fs, path = self._remote()
             with fs.open_input_stream(f"{path}/{name}") as src:
@@ -96,6 +105,7 @@ class StateStore:
 
     def size(self, name: str) -> int | None:
         """The file's size in bytes, or None when there is no such file."""
+        name = checked_name(name)
         if self.is_uri:
             import pyarrow.fs
 

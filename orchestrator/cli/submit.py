@@ -54,15 +54,17 @@ def find_token() -> tuple[str | None, str]:
 
     loader = AuthenticationTokenLoader.instance()
     loader.reset_cache()
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH")
     try:
         if not loader.has_token(ignore_auth_mode=True):
             return None, ""
-    except AuthenticationError as exc:
-        path = os.environ.get("RAY_AUTH_TOKEN_PATH")
+        token = loader.get_raw_token(ignore_auth_mode=True).strip()
+    except (AuthenticationError, UnicodeDecodeError) as exc:  # (a file that is not UTF-8: Ray's decode fails)
         raise SubmitError(_bad_token_file(path) if path else f"no usable Ray token: {_first_line(exc)}") from None
-    where = ("RAY_AUTH_TOKEN" if os.environ.get("RAY_AUTH_TOKEN") else
-             os.environ["RAY_AUTH_TOKEN_PATH"] if os.environ.get("RAY_AUTH_TOKEN_PATH") else "~/.ray/auth_token")
-    return loader.get_raw_token(ignore_auth_mode=True).strip(), where
+    where = "RAY_AUTH_TOKEN" if os.environ.get("RAY_AUTH_TOKEN") else path or "~/.ray/auth_token"
+    if not token or not (token.isascii() and token.isprintable()):  # it goes into an HTTP header
+        raise SubmitError(_bad_token_file(path) if where == path else f"{where} holds no token Ray can use")
+    return token, where
 
 
 def _bad_token_file(path: str) -> str:

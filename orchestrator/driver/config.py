@@ -316,17 +316,39 @@ def apply_overrides(raw: dict, overrides: list[str], where: str = "<spec>") -> d
         for i, part in enumerate(parts[:-1]):
             child = node.setdefault(part, {})
             if not isinstance(child, dict):
-                raise SpecError(f"{where}: --set {item!r}: '{'.'.join(parts[:i + 1])}' is a value, not a section")
+                raise SpecError(f"{where}: --set {item!r}: {'.'.join(parts[:i + 1])!r} is a value, not a section")
             node = child
-        node[parts[-1]] = yaml.safe_load(value) if value.strip() else None
+        node[parts[-1]] = yaml_value(value, f"{where}: --set {one_line(key.strip())}")
     return raw
+
+
+def yaml_value(text: str, where: str) -> Any:
+    """`text` (a `--set` value) parsed as YAML (empty: None); a SpecError naming `where` when it is not YAML."""
+    if not text.strip():
+        return None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{where}: {text!r} is not a YAML value ({_yaml_problem(exc)})") from None
+
+
+def one_line(text: str) -> str:
+    """`text` (a key a user wrote) with what would break or garble a line escaped (`a\\nb`)."""
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """What PyYAML says is wrong, in one line (its messages span several, with the text quoted)."""
+    problem = getattr(exc, "problem", None) or (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    mark = getattr(exc, "problem_mark", None)
+    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else problem
 
 
 def _format_errors(exc: ValidationError, where: str, overridden: set[str]) -> str:
     lines = []
     for err in exc.errors():
         loc = err["loc"][1:] if err["loc"][:1] == ("workload_config",) else err["loc"]
-        key = ".".join(str(p) for p in loc) or "(top level)"
+        dotted = ".".join(str(p) for p in loc)
         if err["type"] == "extra_forbidden":
             msg = "unknown key"
         else:
@@ -334,8 +356,8 @@ def _format_errors(exc: ValidationError, where: str, overridden: set[str]) -> st
             shown = err.get("input")
             if err["type"] != "missing" and not isinstance(shown, dict) and str(shown) not in msg:
                 msg += f" (got {shown!r})"
-        origin = " (from --set)" if key in overridden else ""
-        lines.append(f"{where}: {key}{origin}: {msg}")
+        origin = " (from --set)" if dotted in overridden else ""
+        lines.append(f"{where}: {one_line(dotted) or '(top level)'}{origin}: {one_line(msg)}")
     return "\n".join(lines)
 
 
@@ -364,11 +386,15 @@ def load_spec(path: str | Path, overrides: list[str] = (), model: type[BaseModel
         >>> spec.optim.lr, spec.learners.max
         (0.001, 2)
     """
-    path = Path(path)
+    return parse_spec(read_yaml(Path(path), "spec"), str(path), overrides, model, check_paths)
+
+
+def read_yaml(path: Path, what: str) -> Any:
+    """A YAML file's document; a SpecError in one line when there is no such file or it is not YAML."""
     if not path.is_file():
-        raise SpecError(f"{path}: no such spec file")
+        raise SpecError(f"{path}: no such {what} file")
     try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise SpecError(f"{path}: not valid YAML: {exc}") from None
-    return parse_spec(raw, str(path), overrides, model, check_paths)
+        return yaml.safe_load(path.read_text())
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        problem = _yaml_problem(exc) if isinstance(exc, yaml.YAMLError) else f"not UTF-8 ({exc.reason})"
+        raise SpecError(f"{path}: not valid YAML: {problem}") from None

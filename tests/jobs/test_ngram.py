@@ -1,15 +1,17 @@
 """The word n-gram language model (jobs/ngram.py) and the beam search that uses it (jobs/decode.py):
 Kneser-Ney probabilities that sum to one after any history, an ARPA file that reads back the
-same model, a malformed one refused by line, and a language model that turns an acoustically
-likelier misspelling into the word its text makes likely."""
+same model, a malformed one (or a file that is none) refused in one line naming the file and
+line, and a language model that turns an acoustically likelier misspelling into the word its text
+makes likely."""
 
 import math
 
 import pytest
 import torch
 
+from jobs.data.manifests import DataError
 from jobs.decode import LexiconDecoder, greedy_decode
-from jobs.ngram import EOS, UNK, NgramModel, estimate
+from jobs.ngram import EOS, UNK, ArpaError, NgramModel, estimate
 from jobs.tokenizer import BLANK, CharTokenizer
 
 pytestmark = pytest.mark.unit
@@ -45,6 +47,46 @@ def test_an_arpa_file_reads_back_the_same_model_and_a_malformed_one_is_refused_b
     (tmp_path / "bad.arpa").write_text("\n".join(text))
     with pytest.raises(ValueError, match=rf"bad.arpa:{bad_line + 1}: not an ARPA 2-gram line"):
         NgramModel.read_arpa(tmp_path / "bad.arpa")
+
+
+@pytest.mark.parametrize("line, section", [
+    ("ngram =12", "\\data\\"),  # a header line without its order: was an IndexError where readers catch ValueError
+    ("ngram 1", "\\data\\"), ("ngram 2=x", "\\data\\"), ("\\x-grams:", "\\data\\"),
+    ("-0.5\tthe\tnan", "\\1-grams:"), ("nan\tthe", "\\1-grams:"), ("-inf\tthe\t0.0", "\\1-grams:"),
+    ("-0.5\tthe", "\\2-grams:"),
+])
+def test_a_file_that_is_not_arpa_is_one_line_naming_it_and_the_line(tmp_path, line, section):
+    lines = _arpa_lines()
+    at = lines.index(section) + 1
+    lines.insert(at, line)
+    (tmp_path / "bad.arpa").write_text("\n".join(lines))
+    with pytest.raises(ArpaError) as caught:
+        NgramModel.read_arpa(tmp_path / "bad.arpa")
+    message = str(caught.value)
+    assert message.startswith(f"{tmp_path / 'bad.arpa'}:{at + 1}: not an ARPA ") and message.endswith(f"{line!r}")
+    assert "\n" not in message
+
+
+def test_a_binary_file_or_a_model_without_unk_is_one_line_and_a_decoders_check_says_where(tmp_path):
+    (tmp_path / "binary.arpa").write_bytes(b"\xff\xfe\x00 not text")
+    with pytest.raises(ArpaError, match=rf"^{tmp_path / 'binary.arpa'}: cannot be read as an ARPA file \('utf-8' "):
+        NgramModel.read_arpa(tmp_path / "binary.arpa")
+    (tmp_path / "no-unk.arpa").write_text("\n".join(line for line in _arpa_lines() if "<unk>" not in line))
+    with pytest.raises(ArpaError, match=rf"^{tmp_path / 'no-unk.arpa'}: the model has no <unk> unigram$"):
+        NgramModel.read_arpa(tmp_path / "no-unk.arpa")
+    from jobs.decode import DecodingAssets
+    from jobs.sections import DecodingConfig
+
+    assets = DecodingAssets(DecodingConfig(kind="lm", lm=str(tmp_path / "binary.arpa")), words=lambda: ["go"])
+    with pytest.raises(DataError, match=rf"^decoding.lm: {tmp_path / 'binary.arpa'}: cannot be read"):
+        assets.check()
+
+
+def _arpa_lines() -> list[str]:
+    lm = _model(order=2)
+    return ["", "\\data\\", *[f"ngram {n}={sum(len(g) == n for g in lm.probs)}" for n in (1, 2)]] + [
+        line for n in (1, 2) for line in ["", f"\\{n}-grams:"] + [
+            f"{lm.probs[g]:.6f}\t{' '.join(g)}" for g in sorted(lm.probs) if len(g) == n]] + ["", "\\end\\"]
 
 
 SPOKEN = "the cat sat on the mad"  # the last sound heard as "d" (-0.2) rather than "t" (-1.8)

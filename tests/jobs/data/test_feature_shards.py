@@ -2,7 +2,7 @@
 corpus it was made from (same utterances, texts and durations, the same filterbanks to float16's
 precision, the same batches); a spec whose mel bins differ, a shard cut short, an unfinished
 folder and test-time warps (which need audio) each give one line naming the file (the utterance,
-the split)."""
+the split); malformed index entries are skipped and counted, and nothing is read past a shard."""
 
 from __future__ import annotations
 
@@ -12,10 +12,11 @@ import pytest
 import torch
 
 from jobs.data.feature_shards import INDEX, FeatureShards, is_features_folder, write_shards
-from jobs.data.manifests import DataError
+from jobs.data.manifests import LONGER_THAN_STATED, MALFORMED_ENTRY, AudioError, DataError
 from jobs.sections import WorkloadConfig
 from jobs.workload import AsrWorkload
 from tests.builders import run_cli
+from tests.jobs.data.hostile import audio_bytes
 
 pytestmark = pytest.mark.unit
 
@@ -93,3 +94,42 @@ def test_chorus_features_writes_a_folder_a_spec_can_name(corpus, tmp_path):
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert summary["utterances"] == 20 and summary["out"] == str(tmp_path / "test")
     assert len(FeatureShards(tmp_path / "test", num_mel_bins=40).utterances) == 20
+
+
+def _features_folder(tmp_path, utterances: int = 3):
+    rows = []
+    for i in range(utterances):
+        (tmp_path / f"u{i}.wav").write_bytes(audio_bytes(0.3 + 0.1 * i, seed=i))
+        rows.append(json.dumps({"audio_filepath": f"u{i}.wav", "text": "go", "duration": 0.0}))
+    (tmp_path / "m.jsonl").write_text("\n".join(rows) + "\n")
+    write_shards(tmp_path / "m.jsonl", tmp_path / "features", num_mel_bins=40)
+    return tmp_path / "features", json.loads((tmp_path / "features" / INDEX).read_text())
+
+
+def test_index_entries_that_are_malformed_or_whose_frames_outlast_their_duration_are_skipped(tmp_path):
+    """A row's fields were used unchecked: a missing one was a KeyError, an offset past 2^63 an
+    OverflowError, frames of an hour a read of that many bytes."""
+    folder, index = _features_folder(tmp_path)
+    rows = index["utterances"]
+    index["utterances"] = rows + [
+        {**rows[0], "id": "no-text", "text": None}, {k: v for k, v in rows[0].items() if k != "duration"},
+        {**rows[0], "id": "far", "offset": 2**70}, {**rows[0], "id": "long", "frames": 360_000},
+        {**rows[0], "id": "neg", "shard": -1}, "a row", None]
+    (folder / INDEX).write_text(json.dumps(index))
+    shards = FeatureShards(folder, num_mel_bins=40, max_seconds=60)
+    assert dict(shards.skipped.counts) == {MALFORMED_ENTRY: 5, LONGER_THAN_STATED: 1}
+    assert sorted(u.id for u in shards.utterances) == ["far", "u0", "u1", "u2"]
+    ids = [u.id for u in shards.utterances]
+    with pytest.raises(AudioError, match=r"truncated feature shard \(0 of \d+ bytes at offset 1180591620717411303424"):
+        shards.read(ids.index("far"))
+    assert shards.read(ids.index("u0")).shape == (31, 40)
+
+
+@pytest.mark.parametrize("change", [{"num_mel_bins": -4}, {"num_mel_bins": "80"}, {"utterances": {"a": 1}},
+                                    {"skipped": 3}])
+def test_an_index_that_is_not_one_is_one_line(tmp_path, change):
+    folder, index = _features_folder(tmp_path, utterances=1)
+    (folder / INDEX).write_text(json.dumps({**index, **change}))
+    with pytest.raises(DataError, match=rf"^{folder / INDEX}: not a features index \(its utterances, skipped or "
+                                        r"num_mel_bins are not what `chorus features` writes\)$"):
+        FeatureShards(folder)

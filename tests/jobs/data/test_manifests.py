@@ -1,3 +1,4 @@
+import io
 import json
 import shutil
 
@@ -10,6 +11,7 @@ from jobs.data.corpus import Corpus
 from jobs.data.manifests import SkipReport, load_audio, read_corpus, shard_batches
 from jobs.features.filterbanks import Fbank
 from jobs.tokenizer import CharTokenizer
+from tests.jobs.data.hostile import audio_bytes
 
 pytestmark = pytest.mark.unit
 
@@ -226,3 +228,41 @@ def test_an_utterance_longer_than_the_limit_is_skipped_without_loading_it(tmp_pa
     assert any("two-hours.flac" in r.getMessage() and "7200 s > 60 s" in r.getMessage() for r in caplog.records)
     with pytest.raises(AudioError, match="longer than data.max_utterance_seconds"):
         load_audio(long, max_seconds=60.0)  # a file that grew after indexing is not loaded either
+
+
+def test_audio_with_samples_that_are_not_finite_or_a_rate_too_costly_to_resample_is_unreadable(tmp_path):
+    """A float WAV of NaNs made features of NaNs (a non-finite loss, rollbacks, a stopped job);
+    a header's 96,001 Hz had torchaudio build a kernel of 1.5 G taps (the process was killed), its
+    1 Hz made a few bytes of file millions of samples."""
+    from jobs.data.manifests import MAX_RESAMPLE_TAPS, ODD_RATE, UNREADABLE, AudioError
+
+    nan = np.zeros((1600, 1), dtype=np.float32)
+    nan[100] = np.nan
+    cases = {"nan.wav": audio_bytes(samples=nan, subtype="FLOAT"), "odd.wav": audio_bytes(0.1, rate=96_001),
+             "prime.wav": audio_bytes(0.1, rate=7919), "slow.wav": audio_bytes(samples=np.zeros((60, 1)), rate=1)}
+    found = {}
+    for name, data in cases.items():
+        with pytest.raises(AudioError) as caught:
+            load_audio(io.BytesIO(data))
+        found[name] = (caught.value.reason, caught.value.detail)
+    assert found == {"nan.wav": (UNREADABLE, "samples that are not finite numbers"), "odd.wav": (ODD_RATE, "96001 Hz"),
+                     "prime.wav": (ODD_RATE, "7919 Hz"), "slow.wav": (ODD_RATE, "1 Hz")}
+    assert 7919 * 16_000 > MAX_RESAMPLE_TAPS
+    for rate in (8000, 11_025, 22_050, 44_100, 48_000, 96_000, 5512):  # the usual ones resample as before
+        assert load_audio(io.BytesIO(audio_bytes(0.1, rate=rate))).shape == (1600,)
+
+
+def test_audio_shorter_than_a_filterbank_window_is_skipped_when_listed_and_refused_when_read(tmp_path):
+    """The fuzzer's find: a WAV of 150 samples passed the manifest's checks, and its filterbank
+    (a 25 ms window, reflect-padded) raised a RuntimeError that stopped the job."""
+    from jobs.data.manifests import TOO_SHORT, AudioError
+
+    for name, seconds in [("tick.wav", 150 / 16_000), ("fine.wav", 0.05)]:
+        (tmp_path / name).write_bytes(audio_bytes(seconds))
+    (tmp_path / "m.jsonl").write_text("".join(json.dumps({"audio_filepath": name, "text": "go"}) + "\n"
+                                              for name in ("tick.wav", "fine.wav")))
+    utterances, skipped = read_corpus(tmp_path / "m.jsonl")
+    assert [u.id for u in utterances] == ["fine"] and skipped.counts == {TOO_SHORT: 1}
+    with pytest.raises(AudioError, match=r"^shorter than 50 ms \(9 ms\)$"):
+        load_audio(tmp_path / "tick.wav")
+    assert Fbank()(load_audio(tmp_path / "fine.wav")).shape == (6, 80)

@@ -1,19 +1,21 @@
 """The input pipeline (jobs/data/pipeline.py): the feature cache keeps to its bound and drops the least
 recently used first, gives back exactly what it was given, and costs no more memory than its
 bound; the prefetcher hands over everything in order, raises its source's error where it happened
-and stops when closed; a learner's batches are the same with and without prefetch and with a
-cache far smaller than the corpus's features."""
+and stops when closed, waiting a bounded time for a stalled source; a learner's batches are the
+same with and without prefetch and with a cache far smaller than the corpus's features."""
 
 import json
 import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
+from jobs.data import pipeline
 from jobs.data.pipeline import FeatureCache, Prefetcher
 from jobs.sections import WorkloadConfig
 from jobs.workload import AsrWorkload
@@ -134,6 +136,28 @@ def test_a_closed_prefetcher_stops_without_draining_its_source():
     prefetcher.close()
     assert not prefetcher.running
     assert len(produced) <= 1 + 2 + 1  # the one handed over, the queue's two, one waiting to go in
+
+
+def test_closing_a_prefetcher_whose_source_is_stalled_returns_within_its_bound(monkeypatch, caplog):
+    """close() joined without a timeout: a read that hangs (an S3 request) held up the learner's exit."""
+    monkeypatch.setattr(pipeline, "CLOSE_WAIT_S", 0.3)  # (10 s in a job: a test need not wait that long)
+    release, started = threading.Event(), threading.Event()
+
+    def stalled():
+        yield 0
+        started.set()
+        release.wait(30)  # a read that does not come back
+        yield 1
+
+    prefetcher = Prefetcher(stalled(), depth=2)
+    assert next(prefetcher) == 0 and started.wait(5)
+    began = time.monotonic()
+    prefetcher.close()
+    assert time.monotonic() - began < 0.3 + 0.5 and prefetcher.running  # left to end on its own
+    assert any("still inside its source after 0.3 s" in r.getMessage() for r in caplog.records)
+    release.set()  # the read comes back: the thread sees the stop and ends
+    prefetcher._thread.join(5)
+    assert not prefetcher.running
 
 
 def _workload(corpus, **data) -> AsrWorkload:

@@ -3,17 +3,26 @@ the index alone, every utterance once per epoch; batches with the manifest's utt
 features; a resumed stream carrying on from its position; a shard cut short, one that cannot be
 read and an unreadable member skipped, counted by name, and passed over."""
 
+import gzip
 import io
 import tarfile
 
 import pytest
 import torch
 
-from jobs.data.audio_shards import AudioShards, ShardUtterance, write_audio_shards
-from jobs.data.manifests import DataError
+from jobs.data.audio_shards import (
+    INDEX,
+    MALFORMED_MEMBER,
+    NOT_PLAIN,
+    AudioShards,
+    ShardUtterance,
+    write_audio_shards,
+)
+from jobs.data.manifests import LONGER_THAN_STATED, DataError
 from jobs.data.shard_stream import CUT_SHORT, UNREADABLE_SHARD, plan_shards
 from jobs.sections import WorkloadConfig
 from jobs.workload import AsrWorkload
+from tests.jobs.data.hostile import audio_bytes, shards_folder, tar_of, tar_then, utterance_members
 
 
 def _workload(train, **data) -> AsrWorkload:
@@ -183,3 +192,47 @@ def test_shard_features_asked_of_shards_without_them_or_of_another_size_are_one_
     with pytest.raises(DataError, match=r"mel: data.shard_features is on, but these shards carry 40 mel channels "
                                         r"and features.num_mel_bins is 80$"):
         _workload(tmp_path / "mel", shard_features=True).check_data()
+
+
+@pytest.mark.unit
+def test_hostile_shards_are_skipped_and_counted_by_reason_and_a_resume_past_them_trains_the_rest(tmp_path):
+    """A bucket's shards with a member without a transcript, one whose audio is ten times what its
+    JSON says, a header claiming 2^88 bytes, a gzip cut short and an index entry naming a shard outside
+    the folder: each skipped and counted once, by reason; the rest trains; a learner resuming past
+    them (a new process) reads on from its position."""
+    def utterance(utt_id: str, seconds: float = 0.3, said: float | None = None, text="go"):
+        return utterance_members(utt_id, {"text": text, "duration": said or seconds}, audio_bytes(seconds))
+
+    good = [m for i in range(4) for m in utterance(f"g{i}")]
+    (tmp_path / "escape.tar").write_bytes(tar_of(utterance("stolen")))
+    forged = _forged_header(b"h2.wav", b"\x80" + b"\xff" * 11)  # base-256: 2^88 - 1 bytes
+    root = shards_folder(tmp_path / "shards", {
+        "good.tar": good[:2] + utterance("bad", text=None) + good[2:4] + utterance("lies", 3.0, 0.3) + good[4:],
+        "huge.tar": tar_then(utterance("h0") + utterance("h1"), forged + b"\0" * 4096),
+        "cut.tar.gz": gzip.compress(tar_of(utterance("c0")))[:20],
+    }, entries=[{"name": "good.tar", "utterances": 6}, {"name": "huge.tar", "utterances": 3},
+                {"name": "cut.tar.gz", "utterances": 1}, {"name": "../escape.tar", "utterances": 1}])
+    first = _workload(root, max_batch_seconds=1)
+    stream, batches, positions = first.batches(0, 1, 0), [], []
+    for batch in stream:
+        batches.append(batch.ids)
+        positions.append(stream.position)
+    assert sorted(i for ids in batches for i in ids) == ["g0", "g1", "g2", "g3", "h0", "h1"]
+    assert stream.position == len(stream) == 10
+    skipped = first.train.skipped
+    assert dict(skipped.counts) == {MALFORMED_MEMBER: 1, LONGER_THAN_STATED: 1, UNREADABLE_SHARD: 2, NOT_PLAIN: 1}
+    assert sorted(skipped.keys) == sorted(["good.tar:bad", "good.tar:lies", "huge.tar", "cut.tar.gz", f"{INDEX}#3"])
+    assert [b.ids for b in first.batches(0, 1, 0)] == batches and skipped.total == 5  # counted once a corpus
+    for k, start in enumerate(positions[:-1]):  # a learner resuming in a new process, after each batch
+        assert [b.ids for b in _workload(root, max_batch_seconds=1).batches(0, 1, 0, start=start)] == batches[k + 1:]
+
+
+def _forged_header(name: bytes, size_field: bytes) -> bytes:
+    header = bytearray(512)
+    header[:len(name)] = name
+    header[124:136] = size_field
+    header[156:157] = b"0"
+    header[257:263] = b"ustar\0"
+    header[148:156] = b" " * 8
+    header[148:156] = f"{sum(header):06o}\0 ".encode()
+    return bytes(header)

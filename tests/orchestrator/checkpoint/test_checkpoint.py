@@ -15,6 +15,7 @@ import torch
 from orchestrator.checkpoint import files as checkpoint
 from orchestrator.checkpoint.files import CheckpointError
 from orchestrator.checkpoint.rundir import RunDir, RunDirError
+from orchestrator.checkpoint.state_store import StateStore
 from tests.builders import make_spec, run_cli
 
 
@@ -111,6 +112,39 @@ def test_what_is_loaded_is_verified(tmp_path, bad, reason):
     torch.save({**_state(), "version": 99}, tmp_path / "checkpoint-9.pt")
     with pytest.raises(CheckpointError, match="format version 99; this Chorus reads 1"):
         checkpoint.load_file(tmp_path / "checkpoint-9.pt")
+
+
+def _manifest(tmp_path, step: int, model_file: str = "", learner_file: str = "") -> dict:
+    """A format-2 checkpoint's state naming a model and a learner's state (written into the run's
+    folder under their proper names unless the names are given)."""
+    store = StateStore(tmp_path)
+    model_name, learner_name = f"model-{step}.pt", f"state-{step}-0.pt"
+    model_bytes = store.write(model_name, {"model": {"w": torch.ones(3)}})
+    learner_bytes = store.write(learner_name, {"model": {"w": torch.ones(3)}, "counters": {"step": step}})
+    return {**_state(), "model": {"file": model_file or model_name, "bytes": model_bytes},
+            "learners": [{"file": learner_file or learner_name, "bytes": learner_bytes, "counters": {"step": step}}]}
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("name", ["../secret.pt", "/etc/secret.pt", "sub/model-16.pt", "model-16.pt\n", 16])
+def test_a_checkpoint_naming_a_file_outside_its_run_is_refused_naming_it_and_a_resume_falls_back(tmp_path, name):
+    """The names became paths unchecked: `../` or an absolute name was read from outside the run."""
+    run = tmp_path / "run"
+    run.mkdir()
+    torch.save({"model": {"w": torch.zeros(3)}}, tmp_path / "secret.pt")  # what a name must not reach
+    checkpoint.save(run, _manifest(run, 8), 8)
+    checkpoint.save(run, _manifest(run, 16, learner_file=name), 16)
+    with pytest.raises(CheckpointError) as caught:
+        checkpoint.load_file(run / "checkpoint-16.pt")
+    assert str(caught.value).startswith(f"{run / 'checkpoint-16.pt'}: refused: it names ")
+    assert str(caught.value).endswith(", which is not a state or model file of its run")
+    assert "\n" not in str(caught.value)
+    loaded = checkpoint.resume_from(run)
+    assert loaded.path == run / "checkpoint-8.pt" and loaded.problems == [str(caught.value)]
+    assert (run / "checkpoint-16.pt.corrupt").is_file() and os.path.samefile(run / "checkpoint.pt", loaded.path)
+    assert checkpoint.load(run).state["learners"][0]["counters"] == {"step": 8}
+    with pytest.raises(ValueError, match="is not the name of a checkpoint's state or model file"):
+        StateStore(run).read("../secret.pt")  # whoever else reads a name from a manifest (a learner)
 
 
 # -- the run folder ---------------------------------------------------------------------------------

@@ -103,7 +103,11 @@ def test_unreadable_specs(tmp_path):
         load_spec(tmp_path / "missing.yaml")
     bad = tmp_path / "bad.yaml"
     bad.write_text("data: [unclosed\n")
-    with pytest.raises(SpecError, match=f"{bad}: not valid YAML"):
+    with pytest.raises(SpecError, match=rf"^{bad}: not valid YAML: expected ',' or '\]', but got '<stream end>' at "
+                                        r"line 2, column 1$"):  # one line (PyYAML's message is five)
+        load_spec(bad)
+    bad.write_bytes(b"name: \xff\n")
+    with pytest.raises(SpecError, match=rf"^{bad}: not valid YAML: not UTF-8 \(invalid start byte\)$"):
         load_spec(bad)
     bad.write_text("- just\n- a list\n")
     with pytest.raises(SpecError, match="must be a mapping"):
@@ -159,3 +163,22 @@ def test_seeds_and_names_that_cannot_run_are_rejected_naming_the_key(spec_file, 
     with pytest.raises(SpecError) as err:
         load_spec(spec_file, overrides)
     assert f"{spec_file}: {expected}" in str(err.value)
+
+
+@pytest.mark.parametrize("override, problem", [
+    ("optim.lr=[1, 2", "expected ',' or ']', but got '<stream end>' at line 1, column 6"),
+    ("name=a: b: c", "mapping values are not allowed here at line 1, column 5"),
+    ("seed=@x", "found character '@' that cannot start any token at line 1, column 1"),
+])
+def test_a_set_value_that_is_not_yaml_is_one_line_naming_the_key(spec_file, override, problem):
+    """It was PyYAML's traceback."""
+    key, _, value = override.partition("=")
+    with pytest.raises(SpecError) as err:
+        load_spec(spec_file, [override])
+    assert str(err.value) == f"{spec_file}: --set {key}: {value!r} is not a YAML value ({problem})"
+
+
+def test_a_key_that_would_break_the_line_is_shown_escaped(spec_file):
+    with pytest.raises(SpecError) as err:
+        load_spec(spec_file, ["optim.a\nb=1"])
+    assert str(err.value) == f"{spec_file}: optim.a\\nb (from --set): unknown key"
