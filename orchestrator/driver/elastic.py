@@ -51,8 +51,7 @@ class Elastic:
         self.service = None  # the job's JobService: shard planner and evaluator
         self.started = False
         self._drains_checked = 0.0
-        self._start_failures = 0  # learners that failed to start, in a row
-        self._ask_at: float | None = None  # when to ask again for the slots of learners that failed to start
+        self.retries = StartRetries(job_id, clock)  # learners that failed to start: when to replace them
 
     def start(self, ids: list[int] = ()) -> list:
         """Ask for `learners.max` slots (`ids` first, e.g. those of a checkpoint), wait until at
@@ -82,24 +81,11 @@ class Elastic:
     def _ask_when_due(self, wait: bool = False) -> None:
         """Ask again for the slots of learners that failed to start, once their back-off is over
         (with `wait`, pausing until then: nothing else is under way)."""
-        if self._ask_at is None:
-            return
-        left = self._ask_at - self.clock()
-        if left > 0:
-            if not wait:
-                return
-            self.runtime.pause(left)
-        self._ask_at = None
-        self._ask()
-
-    def _failed_to_start(self, learner_id: int, error: Exception) -> None:
-        """Back off before its slot is asked for again; stop the job at MAX_START_FAILURES in a row."""
-        self._start_failures += 1
-        if self._start_failures >= MAX_START_FAILURES:
-            raise LearnersCannotStart(f"{self.job_id}: {self._start_failures} learners in a row failed to start, so "
-                                      f"replacing them again would not help; the last (learner {learner_id}): "
-                                      f"{reason(error)}")
-        self._ask_at = self.clock() + min(START_BACKOFF_S * 2 ** (self._start_failures - 1), MAX_START_BACKOFF_S)
+        left = self.retries.left()
+        if left is not None and (left <= 0 or wait):
+            self.runtime.pause(max(0.0, left))
+            self.retries.ask_at = None
+            self._ask()
 
     def _start_placed(self) -> None:
         """Start a learner on every slot placed since the last call."""
@@ -133,10 +119,10 @@ class Elastic:
                     raise
                 arrival = self.roster.failed_to_start(ref, exc)
                 self.capacity.free(arrival.slot, arrival.handle)
-                self._failed_to_start(arrival.id, exc)
+                self.retries.failed(arrival.id, exc)
                 continue
             self.roster.join(ref, hello)
-            self._start_failures = 0
+            self.retries.failures = 0
 
     def poll(self) -> None:
         """Start learners on newly placed slots; those that answered become live."""
@@ -239,12 +225,25 @@ class Elastic:
         self.capacity.release(self.roster.held_slots(), self.roster.handles() + service)
         self.roster.clear()
 
-    def nodes_used(self) -> list[dict]:
-        """The inventory entries (`cluster.node_inventory`) of the nodes that hosted learners,
-        with those learners' ids and the share of a GPU each reserved (0: none); nodes that are
-        gone by now keep only their id."""
-        if not self.runtime.distributed:
-            return []
-        known, gpus = {n["node_id"]: n for n in self.runtime.node_inventory()}, self.capacity.bundle.get("GPU", 0.0)
-        return [{**known.get(node, {"node_id": node, "gone": True}), "learners": ids, "gpus_per_learner": gpus}
-                for node, ids in self.roster.hosted.items()]
+
+class StartRetries:
+    """Learners that failed to start, in a row: each is replaced after a back-off (START_BACKOFF_S,
+    doubled per failure, at most MAX_START_BACKOFF_S); the MAX_START_FAILURES-th in a row stops
+    the job (`LearnersCannotStart`). A learner that starts resets the count."""
+
+    def __init__(self, job_id: str, clock):
+        self.job_id, self.clock = job_id, clock
+        self.failures = 0
+        self.ask_at: float | None = None  # when to ask again for the failed learners' slots
+
+    def failed(self, learner_id: int, error: Exception) -> None:
+        self.failures += 1
+        if self.failures >= MAX_START_FAILURES:
+            raise LearnersCannotStart(f"{self.job_id}: {self.failures} learners in a row failed to start, so "
+                                      f"replacing them again would not help; the last (learner {learner_id}): "
+                                      f"{reason(error)}")
+        self.ask_at = self.clock() + min(START_BACKOFF_S * 2 ** (self.failures - 1), MAX_START_BACKOFF_S)
+
+    def left(self) -> float | None:
+        """Seconds until the failed learners' slots are asked for again (None: nothing to ask)."""
+        return None if self.ask_at is None else self.ask_at - self.clock()

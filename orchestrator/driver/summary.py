@@ -40,7 +40,7 @@ def summarize(job, train_wall: float, wall: float, first_loss: float | None) -> 
         "events": events,
         "refused": dict(sorted(job.events.refused.items())),  # what learners refused of other processes, by reason
         "recoveries": job.recoveries,
-        "nodes": job.elastic.nodes_used(),
+        "nodes": nodes_used(job),
         "accelerators": job.group.by_accelerator(),
         "skipped_utterances": job.workload.skip_counts() if job.evals else {},
         # batches the live learners trained in parts, or skipped, short of device memory (memory_fit.py)
@@ -48,3 +48,15 @@ def summarize(job, train_wall: float, wall: float, first_loss: float | None) -> 
                           for kind in ("splits", "skipped")},
         "checkpoint": job.checkpoint_location(),
     })
+
+
+def nodes_used(job) -> list[dict]:
+    """The inventory entries (`cluster.node_inventory`) of the nodes that hosted the job's learners,
+    with those learners' ids and the share of a GPU each reserved (0: none); nodes that are gone
+    by now keep only their id."""
+    if not job.runtime.distributed:
+        return []
+    known = {n["node_id"]: n for n in job.runtime.node_inventory()}
+    gpus = job.elastic.capacity.bundle.get("GPU", 0.0)
+    return [{**known.get(node, {"node_id": node, "gone": True}), "learners": ids, "gpus_per_learner": gpus}
+            for node, ids in job.roster.hosted.items()]
