@@ -37,7 +37,7 @@ import torch.distributed as dist
 from orchestrator.base.flat import GRAD_TAIL
 from orchestrator.groups.checks import finite
 from orchestrator.groups.errors import GroupBroken
-from orchestrator.groups.guard import ListenerGuard, verify_members
+from orchestrator.groups.guard import STRANGERS, ListenerGuard, verify_members
 from orchestrator.groups.host_reduce import HostReduce, ring_bytes
 from orchestrator.groups.network import bind_to
 from orchestrator.groups.overlap import GradientBuckets
@@ -90,6 +90,7 @@ class AllreduceMember:
         broadcast_weights(learner, self.rank)
         broadcast_counters(learner, self.rank)
         guard.apply()
+        STRANGERS.watch(port for _, port in guard.filtered)
 
     def step(self, learner) -> None:
         size = reduce_gradients(learner, learner.next_batch(), self.buckets)
@@ -170,6 +171,7 @@ def leave_process_group() -> None:
         except RuntimeError:  # a broken group (a member died) may fail to shut down cleanly
             pass
     _holding.pop("store", None)
+    STRANGERS.watch(())
     # c10d names a process's groups, and so their keys at the rendezvous, by a count of the groups it
     # made, which only a complete destroy resets: a join that failed inside `init_process_group` (its
     # rendezvous called off) or a destroy that failed midway leave it counting, and the next group's

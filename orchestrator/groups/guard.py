@@ -37,7 +37,9 @@ log = logging.getLogger("chorus.security")
 SO_ATTACH_FILTER = 26
 SKF_NET_OFF = -0x100000  # classic BPF: offsets from the network (IP) header
 MAX_ADDRESSES = 250  # a jump's offset is one byte: the filter's list of addresses fits in it
-TCP_LISTEN = "0A"
+TCP_LISTEN, TCP_HELD = "0A", ("01", "08")  # listening; open, or closed by the peer only (CLOSE_WAIT)
+STRANGER = "a connection to its process group's listener from outside the group (gloo keeps it until the group "\
+    "re-forms)"
 
 
 class GroupRefused(GroupBroken):
@@ -64,25 +66,34 @@ def attach_filter(fd: int, program: list[tuple[int, int, int, int]]) -> None:
                              struct.pack("HL", len(program), ctypes.addressof(code)))
 
 
-def listening_sockets(pid: int | str = "self") -> dict[int, tuple[str, int, int]]:
-    """This process's listening IPv4 TCP sockets: inode -> (address, port, descriptor)."""
+def own_sockets(states: tuple[str, ...], pid: int | str = "self") -> list[tuple[int, str, int, str, int, int]]:
+    """A process's IPv4 TCP sockets in one of `states` ((TCP_LISTEN,), TCP_HELD): (inode, local
+    address, local port, remote address, remote port, descriptor) each."""
     fds = {}
-    folder = Path(f"/proc/{pid}/fd")
-    for entry in folder.iterdir():
+    for entry in Path(f"/proc/{pid}/fd").iterdir():
         try:
             target = os.readlink(entry)
         except OSError:
             continue
         if target.startswith("socket:["):
             fds[int(target[8:-1])] = int(entry.name)
-    found = {}
+    found = []
     for line in Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]:
         fields = line.split()
         inode = int(fields[9])
-        if fields[3] == TCP_LISTEN and inode in fds:
-            address, port = fields[1].split(":")
-            found[inode] = (socket.inet_ntoa(bytes.fromhex(address)[::-1]), int(port, 16), fds[inode])
+        if fields[3] in states and inode in fds:
+            found.append((inode, *_endpoint(fields[1]), *_endpoint(fields[2]), fds[inode]))
     return found
+
+
+def _endpoint(field: str) -> tuple[str, int]:
+    address, port = field.split(":")
+    return socket.inet_ntoa(bytes.fromhex(address)[::-1]), int(port, 16)
+
+
+def listening_sockets(pid: int | str = "self") -> dict[int, tuple[str, int, int]]:
+    """A process's listening IPv4 TCP sockets: inode -> (address, port, descriptor)."""
+    return {inode: (address, port, fd) for inode, address, port, _, _, fd in own_sockets((TCP_LISTEN,), pid)}
 
 
 class ListenerGuard:
@@ -116,6 +127,38 @@ class ListenerGuard:
             except OSError as exc:  # the descriptor closed meanwhile, or not a socket of ours any more
                 log.warning("could not filter the listener %s:%d: %s", address, port, exc)
         self._seen = now
+
+
+class Strangers:
+    """Connections to this process's filtered listeners that are not its group's own: a stranger on
+    a member's host, whose address the filter cannot tell from the member's, and whose connection
+    the library keeps. `watch` takes the group's own connections once it has formed; `new` names
+    the sources of those opened since (each once), for the learner to count and log."""
+
+    def __init__(self):
+        self._ports: set[int] = set()
+        self._seen: set[tuple[str, int, int]] = set()
+
+    def watch(self, ports) -> None:
+        self._ports = set(ports)
+        self._seen = self._connections()
+
+    def new(self) -> list[str]:
+        now = self._connections()
+        fresh, self._seen = now - self._seen, now
+        return [address for address, _, _ in sorted(fresh)]
+
+    def _connections(self) -> set[tuple[str, int, int]]:
+        if not self._ports:
+            return set()
+        try:
+            return {(remote, remote_port, port) for _, _, port, remote, remote_port, _ in own_sockets(TCP_HELD)
+                    if port in self._ports}
+        except OSError:
+            return set()
+
+
+STRANGERS = Strangers()  # this process's (a learner is in one group's library listeners at a time)
 
 
 def verify_members(secret, nonce: str, rank: int, world_size: int, group=None, device=None) -> None:

@@ -29,6 +29,7 @@ from orchestrator.groups.allreduce import (
 )
 from orchestrator.groups.errors import GroupBroken
 from orchestrator.groups.gossip import GossipMember
+from orchestrator.groups.guard import STRANGERS
 
 
 class HierarchicalMember:
@@ -58,6 +59,7 @@ class HierarchicalMember:
             broadcast_weights(learner, self.node_rank)
             broadcast_counters(learner, self.node_rank)
             guard.apply()  # NCCL's listeners, made at the group's first collective
+            STRANGERS.watch(port for _, port in guard.filtered)
         else:
             leave_process_group()
 

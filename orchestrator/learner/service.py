@@ -15,6 +15,7 @@ import torch
 
 from orchestrator.base import flat as flat_state
 from orchestrator.groups.errors import GroupBroken
+from orchestrator.groups.guard import STRANGER, STRANGERS
 from orchestrator.groups.passive_links import PassiveLinks
 from orchestrator.learner.faults import SimulatedFaults
 from orchestrator.learner.replica import Learner
@@ -123,6 +124,8 @@ class LearnerService(SimulatedFaults):
             if learner.group_stops or (learner.leaving and alone):
                 break  # the members of a collective agreed to end here; one that may stop alone leaves
         learner.stop_at = None
+        for source in STRANGERS.new():  # strangers' connections its group's library kept (`groups/guard.py`)
+            learner.refusals.refuse(source, STRANGER)
         return {**learner.take_stats(), "broken": broken, "leaving": learner.leaving}
 
     def mix(self, rounds: int) -> int:

@@ -97,19 +97,23 @@ class Hosts:
     loopback_hostnames: each host's name resolves to 127.0.1.1 inside it (Debian's default).
     head_cpus: CPUs of the head (0: it holds drivers and zero-CPU actors only, never a learner).
     system_config: Ray's `--system-config` for the cluster (the head's; workers take it from it).
+    token: Ray's token authentication on (a fresh token, in `env`): a process without it is refused.
+    strangers: hosts on the same bridge that are no Ray node (`strangers`: where an outsider runs).
     """
 
     def __init__(self, count: int = 2, cpus: int = 2, resources: dict | None = None, rate: str | int | None = None,
                  burst: str | int | None = None, loopback_hostnames: bool = True, head_cpus: int = 0,
-                 system_config: dict | None = None):
+                 system_config: dict | None = None, token: bool = False, strangers: int = 0):
         why = unavailable()
         if why:
             raise HostsUnavailable(why)
-        self.cpus, self.resources = cpus, dict(resources or {})
+        self.cpus, self.resources, self.token = cpus, dict(resources or {}), token
         self.index = claim_index()
         k = self.index
         self.bridge, self.bridge_address = f"chb{k}", f"198.18.{k}.254"
         self.hosts = [Host(i, f"chorus{k}h{i}", f"198.18.{k}.{i + 1}", f"chv{k}h{i}") for i in range(count)]
+        self.strangers = [Host(i, f"chorus{k}h{i}", f"198.18.{k}.{i + 1}", f"chv{k}h{i}")
+                          for i in range(count, count + strangers)]
         self.head: HeadNode | None = None
         self.rates: dict[int, tuple] = {}
         self._closed = False
@@ -118,7 +122,7 @@ class Hosts:
             self._make_network(loopback_hostnames)
             if rate is not None:
                 self.shape(None, rate, burst)
-            self.head = HeadNode(cpus=head_cpus, token=False, dashboard=False, node_ip=self.bridge_address,
+            self.head = HeadNode(cpus=head_cpus, token=token, dashboard=False, node_ip=self.bridge_address,
                                  system_config=system_config, object_store_bytes=OBJECT_STORE_BYTES,
                                  temp_prefix=head_folder_prefix(k))
             for host in self.hosts:
@@ -133,7 +137,7 @@ class Hosts:
         run_ip("link", "add", self.bridge, "type", "bridge")
         run_ip("addr", "add", f"{self.bridge_address}/24", "dev", self.bridge)
         run_ip("link", "set", self.bridge, "up")
-        for host in self.hosts:
+        for host in self.hosts + self.strangers:
             run_ip("netns", "add", host.netns)
             run_ip("link", "add", host.device, "type", "veth", "peer", "name", "eth0", "netns", host.netns)
             run_ip("link", "set", host.device, "master", self.bridge)
@@ -195,8 +199,10 @@ class Hosts:
         return dict(self.head.env)
 
     def command(self, index: int, argv: list[str]) -> list[str]:
-        """`argv` run inside host `index` (its namespace, its /etc/hosts)."""
-        return ["ip", "netns", "exec", self.hosts[index].netns, *argv]
+        """`argv` run inside host `index` (its namespace, its /etc/hosts): a Ray node's host, or
+        past them a stranger's (`strangers`)."""
+        host = (self.hosts + self.strangers)[index]
+        return ["ip", "netns", "exec", host.netns, *argv]
 
     def start_node(self, index: int, wait: bool = True) -> None:
         """Start host `index`'s Ray node (again, after it died: a node daemon's restart)."""
@@ -212,12 +218,15 @@ class Hosts:
             self._wait_for_nodes(sum(1 for n in self.nodes() if n["alive"]) + (0 if self.node_alive(index) else 1))
 
     def nodes(self) -> list[dict]:
-        """The cluster's nodes as the GCS knows them: address, node id, alive."""
-        from ray._raylet import GcsClient
-
-        client = GcsClient(address=self.gcs_address)
-        return [{"address": info.node_manager_address, "node_id": info.node_id.hex(),
-                 "alive": info.state == 0} for info in client.get_all_node_info(timeout=10).values()]
+        """The cluster's nodes as the GCS knows them: address, node id, alive (asked from a process
+        of its own with the token, when the cluster has one: this one's Ray may be token-less)."""
+        if self.token:
+            proc = subprocess.run([sys.executable, "-c", NODES, self.gcs_address], env=self.head.env,
+                                  capture_output=True, text=True, timeout=60)
+            if proc.returncode != 0:
+                raise RuntimeError(f"could not ask the hosts' cluster for its nodes: {proc.stderr[-2000:]}")
+            return json.loads(proc.stdout.strip().splitlines()[-1])
+        return _nodes(self.gcs_address)
 
     def node_alive(self, index: int) -> bool:
         return any(n["alive"] and n["address"] == self.hosts[index].address for n in self.nodes())
@@ -232,7 +241,7 @@ class Hosts:
         while sum(1 for n in self.nodes() if n["alive"]) < count:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the hosts' Ray cluster has {self.nodes()}, not {count} live nodes")
-            time.sleep(0.2)
+            time.sleep(1.0 if self.token else 0.2)
 
     def leftovers(self, prefix: str) -> dict[str, list[str]]:
         """What jobs named `prefix...` hold on the hosts' cluster: named actors alive, placement
@@ -266,6 +275,19 @@ class Hosts:
         self.close()
 
 
+def _nodes(gcs_address: str) -> list[dict]:
+    from ray._raylet import GcsClient
+
+    client = GcsClient(address=gcs_address)
+    return [{"address": info.node_manager_address, "node_id": info.node_id.hex(),
+             "alive": info.state == 0} for info in client.get_all_node_info(timeout=10).values()]
+
+
+NODES = """
+import json, sys
+from orchestrator.testing.hosts import _nodes
+print(json.dumps(_nodes(sys.argv[1])))
+"""
 LEFTOVERS = """
 import json, sys, ray
 from orchestrator.testing.cluster import leftovers_of

@@ -44,8 +44,13 @@ def _strict(node):
     return node
 
 
+def documents() -> list[dict]:
+    return list(yaml.safe_load_all(MANIFEST.read_text()))
+
+
 def manifest() -> dict:
-    return yaml.safe_load(MANIFEST.read_text())
+    """The RayJob (the file's first document)."""
+    return documents()[0]
 
 
 def errors(document: dict) -> list[str]:
@@ -103,3 +108,23 @@ def test_the_entrypoint_is_a_valid_chorus_train_command():
     overrides = [words[i + 1] for i, w in enumerate(words) if w == "--set"]
     assert validate(ROOT / words[2], overrides) == ("job", "tiny")  # raises SpecError, naming the key
     assert words[words.index("--out") + 1].startswith("s3://")
+
+
+def test_the_network_policies_admit_the_jobs_ports_from_its_own_pods_only():
+    """Every pod template carries the job's label; one policy selects them all and admits only
+    pods with that label (every port: learners pick theirs per run); the other opens only the
+    head's dashboard port. NetworkPolicies add up: nothing else reaches the job's pods."""
+    rayjob, *policies = documents()
+    assert [p["kind"] for p in policies] == ["NetworkPolicy", "NetworkPolicy"]
+    assert all(p["apiVersion"] == "networking.k8s.io/v1" and p["spec"]["policyTypes"] == ["Ingress"] for p in policies)
+    spec = rayjob["spec"]["rayClusterSpec"]
+    templates = [spec["headGroupSpec"]["template"]] + [g["template"] for g in spec["workerGroupSpecs"]]
+    label = {"chorus-job": rayjob["metadata"]["name"]}
+    assert all(t["metadata"]["labels"].items() >= label.items() for t in templates)
+    job_only, dashboard = policies
+    assert job_only["spec"]["podSelector"]["matchLabels"] == label
+    assert job_only["spec"]["ingress"] == [{"from": [{"podSelector": {"matchLabels": label}}]}]  # no port opened
+    assert dashboard["spec"]["podSelector"]["matchLabels"] == {**label, "ray.io/node-type": "head"}
+    assert dashboard["spec"]["ingress"] == [{"ports": [{"port": 8265, "protocol": "TCP"}]}]
+    ports = {p["containerPort"] for p in spec["headGroupSpec"]["template"]["spec"]["containers"][0]["ports"]}
+    assert 8265 in ports
