@@ -376,3 +376,54 @@ def test_a_collective_group_ends_its_chunk_at_the_wall_budget_not_after_its_step
     summary = TrainingJob(spec, tmp_path).run()
     assert 1 <= summary["steps"] <= 4, summary["steps"]  # 8 would be a whole chunk
     assert_nothing_left(f"{summary['job_id']}/")
+
+
+def _send_nan_weights(service) -> None:
+    """Run inside a learner (Ray's `__ray_call__`): from now on, every payload it sends on a gossip
+    link is NaN of the same size (a faulty or hostile member); its own weights stay as they are."""
+    from orchestrator.groups import channel
+
+    send = channel.Channel.send
+
+    def faulty(self, data) -> None:
+        if len(memoryview(data).cast("B")) > 8:  # a payload, not a header
+            data = torch.full((len(memoryview(data).cast("B")) // 4,), float("nan")).numpy().tobytes()
+        send(self, data)
+    channel.Channel.send = faulty
+
+
+@pytest.mark.ray
+def test_a_member_that_sends_nan_weights_is_refused_its_link_dropped_and_the_others_train_on(ray_session, tmp_path):
+    """A 2-learner gossip job; once it has mixed, learner 1 starts sending NaN on every exchange (a
+    fault hook installed by the test into its process, not a switch of Chorus's). Its partner
+    refuses them, drops the link and trains on (its weights stay finite; it backs off and reopens
+    the link, refusing again), the job finishes its budget with a finite loss, and the refusals
+    are `refused` events and summary counts."""
+    import json
+
+    import ray
+
+    from orchestrator.groups.links import REFUSED_WEIGHTS
+    from tests.builders import run_in_thread
+
+    spec = linear_spec(name="nan-peer", learners=2, group={"kind": "gossip"}, budget__epochs=60,
+                       data__eval_splits=["dev"])
+    job = TrainingJob(spec, tmp_path)
+    thread = run_in_thread(job)
+    deadline = time.time() + 120
+    while not (job.roster and len(job.roster) == 2 and job.roster.max_step() >= 20) and thread.is_alive():
+        assert time.time() < deadline, "the job did not start stepping"
+        time.sleep(0.2)
+    faulty = ray.get_actor(f"{job.job_id}/learner-1")
+    ray.get(faulty.__ray_call__.remote(_send_nan_weights))
+    refused_at_step = job.roster.max_step()
+    thread.join(timeout=300)
+    assert not thread.is_alive() and "error" not in thread.outcome, thread.outcome.get("error")
+    summary = thread.outcome["summary"]
+    events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    refusals = [e for e in events if e["kind"] == "refused"]
+    assert refusals and all(e["learner"] == 0 for e in refusals), refusals  # the receiver refused, only it
+    assert summary["refused"].get(REFUSED_WEIGHTS, 0) >= 2  # refused, the link dropped, reopened, refused again
+    assert summary["epochs"] == 60 and summary["steps"] > refused_at_step + 100  # and the job trained on
+    assert summary["final_train_loss"] is not None and summary["events"].get("rollback", 0) == 0
+    assert job.roster is not None and not job.roster.live  # released
