@@ -229,7 +229,7 @@ class SimulatedLearner(FakeLearner):
                            "cuda_visible_devices": None, **self._counters()},
             counters=self._counters, run=self._run, heartbeat=lambda: {"step": self.step,
                                                                     "computing_since": self.computing_since},
-            device="cpu", ip="10.0.0.1", leave=self._leave,
+            device="cpu", ip="10.0.0.1", group_address="10.0.0.1", leave=self._leave,
             set_lr_scale=self._set_lr_scale, model_vector=lambda: torch.full((4,), float(self.step)),
             add_vectors=lambda a, b: a + b, distance_to=lambda total, count: 0.0,
             save_state=self._save_state, load_state_file=self._load_state_file,

@@ -40,7 +40,7 @@ class Group:
         self.strategy = strategy_for(spec, runtime.distributed)
         self._failed_forms = 0
         self._same_failure: tuple[str, int] = ("", 0)  # (every member's join error, forms in a row)
-        self.meetings = Meetings(runtime, elastic)
+        self.meetings = Meetings(runtime, elastic, spec.group.interface)
         self.meeting = self.meetings.new  # what strategies ask (`strategies.Rendezvous`), with `backend`
 
     @property
@@ -232,17 +232,18 @@ class Meetings:
     (`groups/rendezvous.py`), called off when a member dies while the others wait on it, and
     forgotten when the next formation begins.
 
-    Args: runtime; elastic (its `service` hosts the boards)."""
+    Args: runtime; elastic (its `service` hosts the boards); interface (`group.interface`)."""
 
-    def __init__(self, runtime, elastic):
-        self.runtime, self.elastic = runtime, elastic
+    def __init__(self, runtime, elastic, interface: str | None = None):
+        self.runtime, self.elastic, self.interface = runtime, elastic, interface
         self.boards: list[str] = []  # the boards of the last formation
 
     def new(self, handles) -> Meeting:
-        """A meeting for a process group of `handles`: a fresh board, their node addresses (the only
-        ones its listeners admit)."""
-        peers = self.runtime.get([h.ip.remote() for h in handles])
-        meeting = Meeting(self.elastic.service, secrets.token_hex(12), peers)
+        """A meeting for a process group of `handles`: a fresh board, the addresses their groups
+        bind to (the only ones its listeners admit)."""
+        peers = self.runtime.get([h.group_address.remote(self.interface) for h in handles])
+        nodes = self.runtime.get([h.ip.remote() for h in handles])
+        meeting = Meeting(self.elastic.service, secrets.token_hex(12), peers, nodes)
         self.boards.append(meeting.name)
         return meeting
 

@@ -35,16 +35,16 @@ import torch
 import torch.distributed as dist
 
 from orchestrator.base.flat import GRAD_TAIL
-from orchestrator.groups.checks import finite
+from orchestrator.groups.checks import GRAD_RATIO, finite, received_weights
 from orchestrator.groups.errors import GroupBroken
-from orchestrator.groups.guard import STRANGERS, ListenerGuard, verify_members
+from orchestrator.groups.guard import STRANGERS, GroupRefused, ListenerGuard, verify_members
 from orchestrator.groups.host_reduce import HostReduce, ring_bytes
 from orchestrator.groups.network import bind_to
 from orchestrator.groups.overlap import GradientBuckets
 from orchestrator.groups.rendezvous import Meeting, RendezvousStore
 
-REFUSED_SUM = "a group's gradient sum that is not finite"
-REFUSED_BROADCAST = "a group's broadcast weights that are not finite"
+REFUSED_SUM = "a group's gradient sum that is not finite or far out of scale"
+REFUSED_BROADCAST = "a group's broadcast weights that are not finite or far out of scale"
 
 
 class AllreduceMember:
@@ -74,6 +74,7 @@ class AllreduceMember:
         self.hosts, self.compression = hosts, compression
         self.buckets: GradientBuckets | None = None  # made in the learner's process
         self.by_host: HostReduce | None = None  # likewise
+        self.guard: ListenerGuard | None = None  # likewise, until the first step has made every communicator
 
     def setup(self, learner) -> None:
         guard = join_process_group(self.backend, self.meeting, self.rank, self.world_size, self.timeout_s, learner,
@@ -91,9 +92,11 @@ class AllreduceMember:
         broadcast_counters(learner, self.rank)
         guard.apply()
         STRANGERS.watch(port for _, port in guard.filtered)
+        self.guard = guard if self.by_host is not None else None  # its groups' first collectives come with a step
 
     def step(self, learner) -> None:
         size = reduce_gradients(learner, learner.next_batch(), self.buckets)
+        self._guard_late_listeners()
         buffer = learner.grad_buffer
         if self.buckets is None:
             device_settled(learner, compute_only=True)
@@ -109,6 +112,14 @@ class AllreduceMember:
         else:
             learner.count_sent(ring_bytes(buffer.numel() * buffer.element_size(), self.world_size))
         apply_reduced_gradients(learner, buffer, size)
+
+    def _guard_late_listeners(self) -> None:
+        """After the first step: the listeners of communicators its first collectives made (NCCL's
+        of the host-by-host groups) get the members-only filter too."""
+        if self.guard is not None:
+            self.guard.apply()
+            STRANGERS.watch(port for _, port in self.guard.filtered)
+            self.guard = None
 
     def close(self) -> None:
         if self.buckets is not None:
@@ -137,8 +148,9 @@ def join_process_group(backend: str, meeting: Meeting, rank: int, world_size: in
     rank), which paces its connection (CONNECT_PACING_S). Returns the guard, for the listeners the
     member's later setup opens."""
     leave_process_group()
-    if learner.node_address is not None or interface is not None:
-        bind_to(learner.node_address, interface, peer=meeting.peers[0] if meeting.peers else None)
+    if learner.node_address is not None or interface is not None:  # (a member elsewhere must reach this one)
+        bind_to(learner.node_address, interface, peer=next((n for n in meeting.nodes if n != learner.node_address),
+                                                           None))
     time.sleep((rank if place is None else place) * CONNECT_PACING_S)
     guard = ListenerGuard(meeting.peers)
     store = RendezvousStore(meeting, learner.secret, RENDEZVOUS_TIMEOUT_S, before_publish=guard.apply)
@@ -150,8 +162,9 @@ def join_process_group(backend: str, meeting: Meeting, rank: int, world_size: in
     guard.apply()
     try:
         verify_members(learner.secret, meeting.name, rank, world_size, device=learner.device)
-    except GroupBroken:
-        learner.refusals.refuse("a forming group", "a group member that did not prove the job's secret")
+    except GroupBroken as exc:
+        if isinstance(exc, GroupRefused):  # (not a member that died meanwhile)
+            learner.refusals.refuse("a forming group", "a group member that did not prove the job's secret")
         leave_process_group()
         raise
     dist.distributed_c10d.set_timeout(timedelta(seconds=timeout_s))
@@ -161,16 +174,18 @@ def join_process_group(backend: str, meeting: Meeting, rank: int, world_size: in
 _holding: dict[str, RendezvousStore] = {}  # the process group's store: a Python store whose Python object
 # is collected leaves c10d calling into nothing ("fn INTERNAL ASSERT FAILED ... Not implemented."), so the
 # process keeps it for as long as its group lives (`new_group` and NCCL's first collective use it later)
+_retired: list[RendezvousStore] = []  # ... and those of groups whose shutdown failed (their threads may live on)
 
 
 def leave_process_group() -> None:
     """Leave this process's group, if any, so that its next group is made as a newcomer's is."""
+    store = _holding.pop("store", None)
     if dist.is_initialized():
         try:
             dist.destroy_process_group()
         except RuntimeError:  # a broken group (a member died) may fail to shut down cleanly
-            pass
-    _holding.pop("store", None)
+            if store is not None:
+                _retired.append(store)
     STRANGERS.watch(())
     # c10d names a process's groups, and so their keys at the rendezvous, by a count of the groups it
     # made, which only a complete destroy resets: a join that failed inside `init_process_group` (its
@@ -196,10 +211,11 @@ def broadcast_weights(learner, rank: int) -> None:
     """Everyone takes rank 0's weights (weights that are not finite are refused: a member keeps
     its own, and a non-finite loss of rank 0 rolls the job back)."""
     weights = learner.flat_weights(on_device=True)
+    own = learner.flat_weights(on_device=True) if rank != 0 else None
     collective(dist.broadcast, weights, src=0)
     if rank == 0:
         return
-    if finite(weights):
+    if received_weights(weights, own):
         learner.load_flat_weights(weights)
     else:
         learner.refusals.refuse("the group's rank 0", REFUSED_BROADCAST)
@@ -246,6 +262,13 @@ def reduce_gradients(learner, batch, buckets: GradientBuckets | None) -> int:
     return size
 
 
+def reasonable_update(grads: torch.Tensor, learner) -> bool:
+    """Whether the group's mean gradient is within GRAD_RATIO of the weights' norm (the weights are
+    equal on every member, so all decide alike: a bound on the receiver's own gradient would not be)."""
+    return float(torch.linalg.vector_norm(grads)) <= GRAD_RATIO * max(float(torch.linalg.vector_norm(learner.flat)),
+                                                                      1.0)
+
+
 def device_settled(learner, compute_only: bool = False) -> None:
     """On a GPU, wait until the device's queued work is done -- with `compute_only`, that of the
     learner's compute stream (backward), else of every stream (NCCL's too) -- so that what an
@@ -266,7 +289,8 @@ def apply_reduced_gradients(learner, buf: torch.Tensor, size: int) -> None:
     left, total = float(buf[-3]), float(buf[-2])
     if total > 0:
         buf[:-GRAD_TAIL].div_(total)
-        update = finite(buf[:-GRAD_TAIL])  # the same bits on every member: all refuse alike
+        # the same bits on every member, and replicas equal: all refuse alike
+        update = finite(buf[:-GRAD_TAIL]) and reasonable_update(buf[:-GRAD_TAIL], learner)
         if not update:
             learner.refusals.refuse("the group", REFUSED_SUM)
         learner.apply_step(float(buf[-1]) / total, size, update=update)

@@ -2,15 +2,17 @@
 until both ends have proven they hold the job's secret.
 
 A learner that serves links has one `LinkListener`, bound to its node's address (never a
-wildcard address). Every connection to it gets a hello (a magic and a fresh nonce) and must answer
-within HANDSHAKE_S with the id of a link this learner expects (its active partner asked for it
-through Ray, `links.py`), a nonce of its own and the secret's tag over both nonces and the id; the
-listener then proves the secret back over the same values. A connection that answers wrongly,
-too slowly, for a link nobody expects or not at all is closed, counted by reason and logged once
-per source address every LOG_EVERY_S. At most MAX_PENDING handshakes are held at a time (each
-costs a descriptor and 64 bytes; one over that is closed at once), so strangers cost bounded
-memory and descriptors, and the listener's own thread (a selector, never a training thread) is
-the only one they reach. Link ids are random, used once and expire after EXPECT_TTL_S.
+wildcard address). A connection from an address no expected link comes from (its active partner
+announced it through Ray, `links.py`) is closed as it is accepted. Every other connection gets a
+hello (a magic and a fresh nonce) and must answer within HANDSHAKE_S with the id of a link this
+learner expects, a nonce of its own and the secret's tag over both nonces and the id; the listener
+then proves the secret back over the same values. A connection that answers wrongly, too slowly,
+for a link nobody expects or not at all is closed, counted by reason and logged once per source
+address every LOG_EVERY_S. At most MAX_PENDING handshakes are held at a time, MAX_PER_SOURCE of
+them from one address (each costs a descriptor and 64 bytes; one over either bound is closed at
+once), so strangers cost bounded memory and descriptors, and the listener's own thread (a
+selector, never a training thread) is the only one they reach. Link ids are random, used once and
+expire after EXPECT_TTL_S.
 
 What flows over a channel once it is open (raw tensor bytes of sizes both ends know in advance)
 is `links.py`'s; nothing read from it is ever unpickled or sized by what the peer says.
@@ -34,21 +36,23 @@ TAG_BYTES = 32  # HMAC-SHA256
 HELLO_BYTES = len(MAGIC) + NONCE_BYTES
 REQUEST_BYTES = LINK_ID_BYTES + NONCE_BYTES + TAG_BYTES
 HANDSHAKE_S = 3.0  # a member answers a hello in well under a millisecond on a LAN, 2 RTTs on a WAN
-MAX_PENDING = 32  # handshakes in progress at once (a learner has at most a few partners opening links)
+MAX_PENDING = 32  # handshakes in progress at once (a learner has at most a few partners opening links) ...
+MAX_PER_SOURCE = 8  # ... and from one address (a host's learners: gossip's actives, hierarchical's leaders)
 EXPECT_TTL_S = 60.0  # an expected link id not connected by then is forgotten (the active gave up long before)
 MAX_EXPECTED = 256  # link ids expected at once (each partner opens one at a time)
 LOG_EVERY_S = 60.0  # a refused source is logged once, then again at most this often (every refusal counts)
 MAX_SOURCES = 1024  # refused sources remembered for the rate limit (the oldest forgotten first)
 ACCEPT_BACKLOG = 64
 CHUNK = 4 * 2**20  # bytes per recv call
+ACCEPT_PAUSE_S = 0.5  # accepting failed (out of descriptors): the listener rests this long (else it would spin)
 
 log = logging.getLogger("chorus.security")
-_OWN_PORTS: set[int] = set()  # this process's link listeners' ports (`own_ports`)
+_OWN: set[tuple[str, int]] = set()  # this process's link listeners' (address, port) (`own_listeners`)
 
 
-def own_ports() -> set[int]:
-    """The ports of this process's own link listeners (no library's: `guard.ListenerGuard` leaves them)."""
-    return set(_OWN_PORTS)
+def own_listeners() -> set[tuple[str, int]]:
+    """(address, port) of this process's own link listeners (no library's: `guard.ListenerGuard` leaves them)."""
+    return set(_OWN)
 
 
 class ChannelRefused(ConnectionError):
@@ -149,8 +153,8 @@ def _recv_exact(sock: socket.socket, size: int) -> bytes:
     data = b""
     while len(data) < size:
         part = sock.recv(size - len(data))
-        if not part:
-            raise ChannelRefused("the listener closed the connection during the handshake")
+        if not part:  # closed (busy, or not expecting us): unreachable for now, not a stranger's proof
+            raise ConnectionError("the listener closed the connection during the handshake")
         data += part
     return data
 
@@ -173,15 +177,18 @@ class LinkListener:
     """
 
     def __init__(self, secret, address: str, refusals: Refusals):
+        if secret is None:
+            raise ValueError("a link listener needs the job's secret")
         self.secret, self.refusals = secret, refusals
         self._sock = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind((address, 0))
-        _OWN_PORTS.add(self._sock.getsockname()[1])  # before it listens: a guard never mistakes it for a library's
+        self._own = (address, self._sock.getsockname()[1])
+        _OWN.add(self._own)  # before it listens: a guard never mistakes it for a library's
         self._sock.listen(ACCEPT_BACKLOG)
         self._sock.setblocking(False)
-        self.address = f"{address}:{self._sock.getsockname()[1]}"
-        self._expected: OrderedDict[bytes, tuple[float, Callable[[Channel], None]]] = OrderedDict()
+        self.address = f"{address}:{self._own[1]}"
+        self._expected: OrderedDict[bytes, tuple[float, str, Callable[[Channel], None]]] = OrderedDict()
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._selector = selectors.DefaultSelector()
@@ -191,16 +198,25 @@ class LinkListener:
 
     @property
     def port(self) -> int:
-        return int(self.address.rsplit(":", 1)[1])
+        return self._own[1]
 
-    def expect(self, link_id: bytes, on_connect: Callable[[Channel], None]) -> None:
-        """The next connection that proves the secret for `link_id` goes to `on_connect` (called
-        in a thread of its own); once, and only within EXPECT_TTL_S."""
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def expect(self, link_id: bytes, source: str, on_connect: Callable[[Channel], None]) -> None:
+        """The next connection from address `source` that proves the secret for `link_id` goes to
+        `on_connect` (called in a thread of its own); once, and only within EXPECT_TTL_S."""
         with self._lock:
             self._forget_expired()
             while len(self._expected) >= MAX_EXPECTED:
                 self._expected.popitem(last=False)
-            self._expected[link_id] = (time.monotonic() + EXPECT_TTL_S, on_connect)
+            self._expected[link_id] = (time.monotonic() + EXPECT_TTL_S, source, on_connect)
+
+    def _expected_sources(self) -> set[str]:
+        with self._lock:
+            self._forget_expired()
+            return {source for _, source, _ in self._expected.values()}
 
     def close(self) -> None:
         self._closed.set()
@@ -208,21 +224,32 @@ class LinkListener:
 
     def _forget_expired(self) -> None:
         now = time.monotonic()
-        for link_id in [k for k, (until, _) in self._expected.items() if until < now]:
+        for link_id in [k for k, (until, _, _) in self._expected.items() if until < now]:
             del self._expected[link_id]
 
     def _run(self) -> None:
         selector = self._selector
         pending: dict[socket.socket, _Handshake] = {}
+        resume_at = None  # accepting is paused until then (out of descriptors)
         try:
             while not self._closed.is_set():
                 now = time.monotonic()
-                wait = min((h.deadline for h in pending.values()), default=now + 0.5) - now
-                for key, _ in selector.select(timeout=max(0.0, min(wait, 0.5))):
-                    if key.data is None:
-                        self._accept(selector, pending)
-                    else:
-                        self._read(selector, pending, key.fileobj)
+                if resume_at is not None and now >= resume_at:
+                    selector.register(self._sock, selectors.EVENT_READ, None)
+                    resume_at = None
+                wait = min([h.deadline for h in pending.values()] + [resume_at or now + 0.5, now + 0.5]) - now
+                for key, _ in selector.select(timeout=max(0.0, wait)):
+                    try:
+                        if key.data is None:
+                            if not self._accept(selector, pending):
+                                selector.unregister(self._sock)
+                                resume_at = time.monotonic() + ACCEPT_PAUSE_S
+                        else:
+                            self._read(selector, pending, key.fileobj)
+                    except Exception:  # noqa: BLE001 - one connection's trouble never ends the listener
+                        log.exception("%s: the link listener's event failed", self.refusals.where)
+                        if key.data is not None and key.fileobj in pending:
+                            self._drop(selector, pending, key.fileobj, None)
                 now = time.monotonic()
                 for conn in [c for c, h in pending.items() if h.deadline <= now]:
                     self._drop(selector, pending, conn, "a handshake that did not finish in time")
@@ -230,19 +257,27 @@ class LinkListener:
             for conn in list(pending):
                 self._drop(selector, pending, conn, None)
             selector.close()
-            _OWN_PORTS.discard(self.port)
+            _OWN.discard(self._own)
             self._sock.close()
 
-    def _accept(self, selector, pending: dict) -> None:
+    def _accept(self, selector, pending: dict) -> bool:
+        """Accept what waits; False when accepting failed (out of descriptors: pause)."""
+        expected = self._expected_sources()
         while True:
             try:
                 conn, peer = self._sock.accept()
             except (BlockingIOError, InterruptedError):
-                return
-            except OSError:  # e.g. out of descriptors: the connection stays in the backlog until it times out
-                return
+                return True
+            except OSError as exc:
+                log.warning("%s: the link listener cannot accept (%s); it rests %g s", self.refusals.where, exc,
+                            ACCEPT_PAUSE_S)
+                return False
             source = peer[0]
-            if len(pending) >= MAX_PENDING:
+            if source not in expected:
+                conn.close()
+                self.refusals.refuse(source, "a connection from an address no link is expected from")
+                continue
+            if len(pending) >= MAX_PENDING or sum(h.source == source for h in pending.values()) >= MAX_PER_SOURCE:
                 conn.close()
                 self.refusals.refuse(source, "a connection beyond the handshakes held at once")
                 continue
@@ -278,7 +313,11 @@ class LinkListener:
             return
         with self._lock:
             self._forget_expired()
-            expected = self._expected.pop(link_id, None)
+            expected = self._expected.get(link_id)
+            if expected is not None and expected[1] == handshake.source:
+                del self._expected[link_id]
+            else:
+                expected = None
         if expected is None:
             self._drop(selector, pending, conn, "a link nobody expects (or expected no more)")
             return
@@ -290,7 +329,7 @@ class LinkListener:
         except OSError:
             conn.close()
             return
-        threading.Thread(target=expected[1], args=(Channel(conn, handshake.source),),
+        threading.Thread(target=expected[2], args=(Channel(conn, handshake.source),),
                          name=f"gossip-link-{link_id.hex()[:8]}", daemon=True).start()
 
     def _drop(self, selector, pending: dict, conn: socket.socket, reason: str | None) -> None:

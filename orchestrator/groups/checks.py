@@ -15,6 +15,8 @@ import torch
 NORM_RATIO = 10.0  # a partner's weights are refused when their norm is over this times the receiver's:
 # gossip partners hold replicas of one model a few exchanges apart (their norms differ by a few %)
 NORM_FLOOR = 1.0  # ... or over NORM_RATIO x this, for a receiver whose own weights are near zero
+GRAD_RATIO = 1e4  # an allreduce's mean gradient is refused when its norm is over this times the weights'
+# (`allreduce.reasonable_update`): a catch for absurd values only; the optimizer clips the norm it applies
 
 
 def finite(tensor: torch.Tensor) -> bool:

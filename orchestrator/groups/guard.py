@@ -14,13 +14,14 @@ made to check the job's secret.
   A connection that a stranger won during the rendezvous cannot answer it, so the group is
   refused (`GroupRefused`) and formed again, with nothing of the model sent.
 
-The guard reads this process's own sockets from /proc (Linux); elsewhere it does nothing and says
-so once.
+The guard reads this process's own sockets from /proc (Linux); where it cannot, and for an IPv6
+listener (the filter reads IPv4 headers), it filters nothing and says so once.
 """
 
 from __future__ import annotations
 
 import ctypes
+import hmac
 import logging
 import os
 import socket
@@ -30,7 +31,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from orchestrator.groups.channel import own_ports
+from orchestrator.groups.channel import own_listeners
 from orchestrator.groups.errors import GroupBroken
 
 log = logging.getLogger("chorus.security")
@@ -57,18 +58,25 @@ def admit_only(addresses: list[str]) -> list[tuple[int, int, int, int]]:
     return program + [(0x06, 0, 0, 0), (0x06, 0, 0, 0xFFFFFFFF)]  # drop; accept
 
 
-def attach_filter(fd: int, program: list[tuple[int, int, int, int]]) -> None:
-    """Attach `program` to the socket behind descriptor `fd` (a duplicate of it is used: the filter
-    belongs to the socket, the descriptor stays its owner's)."""
+def attach_filter(fd: int, inode: int, program: list[tuple[int, int, int, int]]) -> bool:
+    """Attach `program` to the listening socket `inode` behind descriptor `fd` (a duplicate of it is
+    used: the filter belongs to the socket, the descriptor stays its owner's). False, attaching
+    nothing, when the descriptor no longer holds that listener (closed and reused meanwhile)."""
     code = ctypes.create_string_buffer(b"".join(struct.pack("HBBI", *ins) for ins in program))
     with socket.socket(fileno=os.dup(fd)) as duplicate:  # closing it closes the duplicate only
+        if os.fstat(duplicate.fileno()).st_ino != inode or \
+                not duplicate.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+            return False
         duplicate.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER,
                              struct.pack("HL", len(program), ctypes.addressof(code)))
+    return True
 
 
-def own_sockets(states: tuple[str, ...], pid: int | str = "self") -> list[tuple[int, str, int, str, int, int]]:
-    """A process's IPv4 TCP sockets in one of `states` ((TCP_LISTEN,), TCP_HELD): (inode, local
-    address, local port, remote address, remote port, descriptor) each."""
+def own_sockets(states: tuple[str, ...], pid: int | str = "self",
+                table: str = "tcp") -> list[tuple[int, str, int, str, int, int]]:
+    """A process's IPv4 TCP sockets (`table` "tcp6": IPv6, addresses left as /proc gives them) in
+    one of `states` ((TCP_LISTEN,), TCP_HELD): (inode, local address, local port, remote address,
+    remote port, descriptor) each."""
     fds = {}
     for entry in Path(f"/proc/{pid}/fd").iterdir():
         try:
@@ -78,7 +86,7 @@ def own_sockets(states: tuple[str, ...], pid: int | str = "self") -> list[tuple[
         if target.startswith("socket:["):
             fds[int(target[8:-1])] = int(entry.name)
     found = []
-    for line in Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]:
+    for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
         fields = line.split()
         inode = int(fields[9])
         if fields[3] in states and inode in fds:
@@ -88,7 +96,16 @@ def own_sockets(states: tuple[str, ...], pid: int | str = "self") -> list[tuple[
 
 def _endpoint(field: str) -> tuple[str, int]:
     address, port = field.split(":")
-    return socket.inet_ntoa(bytes.fromhex(address)[::-1]), int(port, 16)
+    return (socket.inet_ntoa(bytes.fromhex(address)[::-1]) if len(address) == 8 else address), int(port, 16)
+
+
+_said: set[str] = set()
+
+
+def _say_once(message: str) -> None:
+    if message not in _said:
+        _said.add(message)
+        log.warning("%s", message)
 
 
 def listening_sockets(pid: int | str = "self") -> dict[int, tuple[str, int, int]]:
@@ -108,25 +125,37 @@ class ListenerGuard:
         self.program = admit_only(peers)
         self.filtered: list[tuple[str, int]] = []  # (address, port) of each listener filtered
         self._seen = self._listeners()
+        self._seen6 = self._ipv6_listeners()
 
-    def _listeners(self) -> dict[int, tuple[str, int, int]]:
+    @staticmethod
+    def _listeners() -> dict[int, tuple[str, int, int]]:
         try:
             return listening_sockets()
         except OSError:
+            _say_once("this process's sockets cannot be read (/proc): a library's listeners are not filtered")
             return {}
+
+    @staticmethod
+    def _ipv6_listeners() -> set[int]:
+        try:
+            return {inode for inode, *_ in own_sockets((TCP_LISTEN,), table="tcp6")}
+        except OSError:
+            return set()
 
     def apply(self) -> None:
         """Filter every listener opened since the guard began (or since the last `apply`)."""
         now = self._listeners()
         for inode, (address, port, fd) in now.items():
-            if inode in self._seen or port in own_ports():
+            if inode in self._seen or (address, port) in own_listeners():
                 continue
             try:
-                attach_filter(fd, self.program)
-                self.filtered.append((address, port))
+                if attach_filter(fd, inode, self.program):
+                    self.filtered.append((address, port))
             except OSError as exc:  # the descriptor closed meanwhile, or not a socket of ours any more
                 log.warning("could not filter the listener %s:%d: %s", address, port, exc)
         self._seen = now
+        if self._ipv6_listeners() - self._seen6:
+            _say_once("a library opened an IPv6 listener: it is not filtered (the filter reads IPv4 headers)")
 
 
 class Strangers:
@@ -169,20 +198,21 @@ def verify_members(secret, nonce: str, rank: int, world_size: int, group=None, d
         return
     device = device or torch.device("cpu")
 
-    def tag(sender: int, receiver: int) -> torch.Tensor:
-        raw = secret.tag(b"group-member", nonce.encode(), str(sender).encode(), str(receiver).encode())
-        return torch.frombuffer(bytearray(raw), dtype=torch.uint8).to(device)
+    def tag(sender: int, receiver: int) -> bytes:
+        return secret.tag(b"group-member", nonce.encode(), str(sender).encode(), str(receiver).encode())
 
     others = [r for r in range(world_size) if r != rank]
     received = {r: torch.zeros(32, dtype=torch.uint8, device=device) for r in others}
-    try:
-        works = [dist.isend(tag(rank, r), group=group, group_dst=r) for r in others]
-        works += [dist.irecv(received[r], group=group, group_src=r) for r in others]
+    sent = {r: torch.frombuffer(bytearray(tag(rank, r)), dtype=torch.uint8).to(device) for r in others}
+    try:  # batched: NCCL may deadlock on unbatched sends and receives between the same two ranks
+        works = dist.batch_isend_irecv(
+            [dist.P2POp(dist.isend, sent[r], group=group, group_peer=r) for r in others]
+            + [dist.P2POp(dist.irecv, received[r], group=group, group_peer=r) for r in others])
         for work in works:
             work.wait()
     except RuntimeError as exc:
         raise GroupBroken(f"verifying the group's members failed: {exc}") from exc
-    strangers = [r for r in others if not torch.equal(received[r].cpu(), tag(r, rank).cpu())]
+    strangers = [r for r in others if not hmac.compare_digest(bytes(received[r].cpu().numpy()), tag(r, rank))]
     if strangers:
         raise GroupRefused(f"rank {rank}: the connection to rank(s) {strangers} did not prove the job's secret "
                            "(a stranger may have taken a member's place); forming the group again")

@@ -80,6 +80,7 @@ def node_address(learner) -> str:
     return getattr(learner, "node_address", None) or ray.util.get_node_ip_address()
 
 
+
 def bind_address(learner, interface: str | None) -> str:
     """The address a link binds to: `group.interface`'s first IPv4 address, else the learner's
     node address (never a wildcard address)."""
@@ -289,10 +290,10 @@ class ActiveLinks:
             return None
         link_id = secrets.token_bytes(LINK_ID_BYTES)  # random and used once: no link can be guessed
         try:
-            own, source = node_address(learner), bind_address(learner, self.interface)
+            own = bind_address(learner, self.interface)
             codec, theirs, listener = ray.get(partner.open_link.remote(link_id.hex(), own, self.codec.name,
                                                                        self.interface), timeout=OPEN_TIMEOUT_S)
-            channel = connect(listener, learner.secret, link_id, source=source, timeout=OPEN_TIMEOUT_S)
+            channel = connect(listener, learner.secret, link_id, source=own, timeout=OPEN_TIMEOUT_S)
         except ray.exceptions.ActorUnavailableError:
             self._retry_at[partner_id] = time.monotonic() + OPEN_BACKOFF_S
             return None
@@ -316,20 +317,23 @@ class ActiveLinks:
     def _close(self, partner_id: str, learner) -> None:
         """Close one link: its exchange in flight is settled if its bytes arrive within
         CLOSE_WAIT_S (the passive settles its side once they have: both move, the sum is kept),
-        then the partner is told."""
+        then the partner is told. One still travelling then is cut instead (its sender may be
+        mid-payload: a header now would land inside it); the passive's side of it fails and
+        settles nothing."""
         pending = self.pending.get(partner_id)
         if pending is not None and pending.arrived.wait(CLOSE_WAIT_S) and learner is not None:
             self._finish(learner, pending)
-        self.pending.pop(partner_id, None)
+        travelling = self.pending.pop(partner_id, None)
         link = self._links.pop(partner_id, None)
         self._state.pop(partner_id, None)
         if link is None:  # the exchange failed: the link is gone already
             return
-        try:
-            link.settimeout(CLOSE_WAIT_S)
-            link.send(header(CLOSE))
-        except OSError:
-            pass
+        if travelling is None:  # nothing else uses the link now
+            try:
+                link.settimeout(CLOSE_WAIT_S)
+                link.send(header(CLOSE))
+            except OSError:
+                pass
         link.close()
 
     def _drop(self, partner_id: str) -> None:

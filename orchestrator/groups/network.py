@@ -67,17 +67,16 @@ def interface_of(address: str) -> str:
 
 def bind_to(address: str | None, interface: str | None = None, peer: str | None = None) -> str:
     """Make the process groups this process creates from now on use `interface`, or the one that
-    holds `address`; returns the interface. With `peer` (an address the group's members meet at,
-    e.g. rank 0's): ValueError when the interface has only loopback addresses and `peer` is not
-    one, since members on other hosts could never reach this one (gloo would only find that out
-    after its connect timeouts, and not on every member alike)."""
+    holds `address`; returns the interface. With `peer` (the node address of a member on another
+    host): ValueError when the interface has only loopback addresses and `peer` is not one, since
+    members on other hosts could never reach this one (gloo would only find that out after its
+    connect timeouts, and not on every member alike)."""
     name = interface or interface_of(address)
     if peer is not None and not _loopback(peer):
         own = interfaces().get(name)
         if own is not None and own and all(_loopback(a) for a in own):
-            raise ValueError(f"interface {name} has only loopback addresses ({', '.join(own)}), but the group's "
-                             f"members meet at {peer}: learners on other hosts could not reach this one "
-                             "(group.interface?)")
+            raise ValueError(f"interface {name} has only loopback addresses ({', '.join(own)}), but a member of "
+                             f"the group is on another host ({peer}): it could not reach this one (group.interface?)")
     for variable in CHOSEN_BY:
         os.environ[variable] = name
     return name

@@ -21,7 +21,6 @@ from orchestrator.groups.links import (
     LinkState,
     as_bytes,
     bind_address,
-    node_address,
 )
 
 
@@ -49,18 +48,18 @@ class PassiveLinks:
 
     def open(self, link_id: str, active: str, codec: str = "none",
              interface: str | None = None) -> tuple[str, str, str]:
-        """Expect a link an active partner (at node address `active`) opens with id `link_id`
-        (hex); returns the link's codec (`codec`, or `none` when the active is on this learner's
-        host: loopback has the bytes to spare, and an exact exchange leaves both on the same mean),
-        this learner's node address and where its listener listens."""
+        """Expect a link an active partner opens with id `link_id` (hex) from address `active` (its
+        `links.bind_address`); returns the link's codec (`codec`, or `none` when the active is on
+        this learner's host: loopback has the bytes to spare, and an exact exchange leaves both on
+        the same mean), this learner's address and where its listener listens."""
         key = bytes.fromhex(link_id)
         if len(key) != LINK_ID_BYTES:
             raise ValueError(f"a link id has {LINK_ID_BYTES} bytes")
-        own = node_address(self.learner)
+        own = bind_address(self.learner, interface)
         crosses = active != own
         codec = codec if crosses else "none"
-        listener = self._listener(bind_address(self.learner, interface))
-        listener.expect(key, lambda channel: self._serve(channel, codec, crosses))
+        listener = self._listener(own)
+        listener.expect(key, active, lambda channel: self._serve(channel, codec, crosses))
         return codec, own, listener.address
 
     def close(self) -> None:
@@ -69,7 +68,7 @@ class PassiveLinks:
 
     def _listener(self, address: str) -> LinkListener:
         with self._listener_lock:
-            if self.listener is None or self.listener.address.rsplit(":", 1)[0] != address:
+            if self.listener is None or not self.listener.alive or self.listener.address.rsplit(":", 1)[0] != address:
                 if self.listener is not None:
                     self.listener.close()
                 self.listener = LinkListener(self.learner.secret, address, self.learner.refusals)

@@ -42,12 +42,14 @@ class RendezvousRefused(RuntimeError):
 class Meeting:
     """Where one formation of a group meets: the job service's handle (`boards`), the board's
     name (random, fresh per formation: also the nonce of the members' proofs to each other,
-    `guard.verify_members`), and every member's node address (the only addresses the group's
-    library listeners admit, `guard.ListenerGuard`)."""
+    `guard.verify_members`), every member's group address (the only addresses the group's
+    library listeners admit, `guard.ListenerGuard`) and its node's address (`nodes`: whether
+    members on other hosts must reach this one)."""
 
     boards: object
     name: str
     peers: list[str] = field(default_factory=list)
+    nodes: list[str] = field(default_factory=list)
 
 
 @dataclass

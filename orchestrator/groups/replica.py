@@ -25,6 +25,7 @@ class Replica(Protocol):
     device: torch.device
     params: list[torch.Tensor]
     grad_buffer: torch.Tensor  # every gradient is a view into it (`base/flat.py`); collectives sum it in place
+    flat: torch.Tensor  # the trainable weights, every parameter a view into it (changed under its weight lock)
     numel: int  # of the flat trainable weights
     node_address: str | None  # its node's address, which its groups bind to (None: this process only)
     secret: object  # the job's `JobSecret`: what its channels and its group's members prove

@@ -18,6 +18,7 @@ from functools import partial
 import torch
 
 from orchestrator.base.flat import GRAD_TAIL, cudnn_weights, flat_grad_buffer, flat_weight_buffer
+from orchestrator.base.secret import JobSecret
 from orchestrator.groups.channel import Refusals
 from orchestrator.groups.checks import finite
 from orchestrator.learner.calls import call
@@ -142,7 +143,8 @@ class Learner(ReplicaWeights):
         self.version = 0  # of the weights: every change increments it (a gossip exchange checks it)
         self.group_links = None  # what a group keeps in this process across re-formed groups (gossip's links)
         self.node_address: str | None = None  # its node's address, which its groups bind to (None: this process only)
-        self.learner_id, self.planner, self.secret = learner_id, planner, secret
+        # its job's secret (one started without one, a test's, holds a secret of its own: it links to nobody)
+        self.learner_id, self.planner, self.secret = learner_id, planner, secret or JobSecret()
         self.refusals = Refusals(f"learner {learner_id}")  # what it refused of other processes, by reason
         self.lock, self.counter_lock = threading.Lock(), threading.Lock()  # weights; counters its links add to
         self.step = self.samples = self.averages = 0

@@ -16,6 +16,7 @@ import torch
 from orchestrator.base import flat as flat_state
 from orchestrator.groups.errors import GroupBroken
 from orchestrator.groups.guard import STRANGER, STRANGERS
+from orchestrator.groups.links import bind_address
 from orchestrator.groups.passive_links import PassiveLinks
 from orchestrator.learner.faults import SimulatedFaults
 from orchestrator.learner.replica import Learner
@@ -43,6 +44,10 @@ class LearnerService(SimulatedFaults):
 
     def ip(self) -> str:
         return ray.util.get_node_ip_address()
+
+    def group_address(self, interface: str | None = None) -> str:
+        """The address its process groups and links bind to (`group.interface`'s, else its node's)."""
+        return bind_address(self.learner, interface)
 
     def hello(self) -> dict:
         """Once built (and any state sent before loaded): node, pid, device, CUDA_VISIBLE_DEVICES, counters."""

@@ -37,7 +37,8 @@ class FixedLearners:
         if self._boards is None:
             self._boards = BoardActor.options(num_cpus=0).remote(self.secret)
         actors = self.actors if actors is None else actors
-        return Meeting(self._boards, secrets.token_hex(8), ray.get([a.ip.remote() for a in actors]))
+        peers = ray.get([a.group_address.remote() for a in actors])
+        return Meeting(self._boards, secrets.token_hex(8), peers, peers)
 
     def release(self) -> None:
         release(self.slots, self.actors + ([self._boards] if self._boards is not None else []))

@@ -37,7 +37,7 @@ def _group(tmp_path, kind: str, learners: int) -> tuple[Group, Roster, FakeElast
     roster, runtime = Roster(events, metrics), FakeRuntime()
     fakes = []
     for i in range(learners):
-        fake = FakeLearner(i, device="cpu", ip=f"10.0.0.{i % 2 + 1}")
+        fake = FakeLearner(i, device="cpu", ip=f"10.0.0.{i % 2 + 1}", group_address=f"10.0.0.{i % 2 + 1}")
         roster.live[i] = LearnerSlot(i, fake, node=f"node-{i % 2}")
         fakes.append(fake)
     elastic = FakeElastic(roster)
