@@ -22,7 +22,9 @@ these jobs run slowed down by `simulate.slowdown`, as learners keep what they re
 otherwise have read everything before the first evaluation), a passive gossip partner dying
 inside an averaging request (`simulate_exit_in_average`), rank 0 dying as the group re-forms after
 another learner was killed (`simulate_exit_in_join`), two runs into one `--out` (plain and with
-`--overwrite`), a sweep driver SIGKILLed inside its second trial then `chorus sweep --resume`, and,
+`--overwrite`), a sweep driver SIGKILLed inside its second trial then `chorus sweep --resume`, a
+stranger flooding every port of the learners, a gossip peer sending NaN weights and a bucket shard of
+bad members (bench/hostile_faults.py), and,
 on two hosts with links of their own (bench/network_faults.py, after the others), a host cut off
 for 20 s, a link flapping, and a link slowed to 5 Mbit/s.
 
@@ -90,7 +92,8 @@ from ray.cluster_utils import Cluster  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-import network_faults  # noqa: E402, I001  (bench/ is on the path: this script's folder)
+import hostile_faults  # noqa: E402, I001  (bench/ is on the path: this script's folder)
+import network_faults  # noqa: E402, I001
 from harness.results import commit  # noqa: E402
 
 from jobs.data.manifests import DataError, shard_batches  # noqa: E402
@@ -945,6 +948,9 @@ FAULTS = [
     Fault("rank0-dies-in-reform", ("allreduce", "hierarchical"), rank0_dies_in_reform),
     Fault("two-runs-one-out", BOTH, two_runs_one_out, 300),
     Fault("sweep-driver-sigkill", ("gossip",), sweep_driver_sigkill, 900),
+    Fault("stranger-flood", ALL, hostile_faults.stranger_flood),
+    Fault("nan-peer", ("gossip", "hierarchical"), hostile_faults.nan_peer),
+    Fault("hostile-bucket-shard", BOTH, hostile_faults.hostile_bucket_shard),
     Fault("host-cut-off", ALL, network_faults.host_cut_off, 420, network=True),
     Fault("link-flapping", ALL, network_faults.link_flapping, 420, network=True),
     Fault("link-slow", ALL, network_faults.link_slow, 300, network=True),

@@ -45,11 +45,18 @@ Mbit/s); unshaped, every Chorus contender >= 0.95x Ray Train; IQRs apart whereve
 claimed as a win. Writes `bench/results/network.json` and `network.png` (`network-batch<N>s.*`
 with `--batch-seconds N`).
 
+What the job's secret costs on the data path (`--secret-cost TREE`, issue 56): gossip and allreduce,
+unshaped, each run by `chorus train` from this checkout (`@after`) and from TREE (`@before`: a
+checkout of the commit before the secret, e.g. `git worktree add /tmp/before 7a29eb3`), the four
+interleaved, each its own driver process against the same hosts; writes `network-secret.json` and
+`.png` (samples/s, median and IQR; after / before, a tie unless the IQRs are apart).
+
 Usage (as root: namespaces and tc; run nothing else heavy beside it):
     .venv/bin/python bench/network.py                       # everything (~3.5 h)
     .venv/bin/python bench/network.py --links 100mbit --contenders ray_train,gossip --pilot
     .venv/bin/python bench/network.py --links 100mbit,20mbit --skip ablations,time_to_wer \
         --earlier bench/work/network/runs-ef518e6.jsonl   # some links now, the rest from an earlier run
+    .venv/bin/python bench/network.py --secret-cost /tmp/before      # before and after the secret
 """
 
 from __future__ import annotations
@@ -73,7 +80,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import ray  # noqa: E402
 from harness import ray_train  # noqa: E402
-from harness.results import write_results  # noqa: E402
+from harness.results import commit, write_results  # noqa: E402
 from harness.stats import MIN_REPEATS, compare, interleaved, summary  # noqa: E402
 
 from jobs.synth.corpus import synthesize  # noqa: E402
@@ -387,6 +394,73 @@ def measure_all(args, links: list[str], names: list[str], skip: set[str], feats:
     return runs, ttw_runs
 
 
+SECRET_CONTENDERS = ["gossip", "allreduce"]
+
+
+def run_cli(name: str, tree: Path, hosts: Hosts, feats: Path, wall: float, log: Path) -> dict:
+    """`chorus train` of contender `name`'s spec from checkout `tree`, a driver process of its own
+    against the hosts; its summary's figures."""
+    import subprocess
+
+    kind = name.split("@")[0]
+    spec = WORK / f"spec-{kind}.json"
+    spec.write_text(json.dumps(job_spec(feats, kind, wall, None).model_dump(mode="json"), allow_nan=False))
+    env = {**hosts.env, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "train", str(spec), "--out",
+                           str(WORK / "runs" / name.replace("@", "-")), "--overwrite", "--address", hosts.gcs_address],
+                          cwd=tree, env=env, capture_output=True, text=True, timeout=wall + 600)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{name}: chorus train exited {proc.returncode}: {proc.stderr[-2000:]}")
+    s = json.loads(proc.stdout.strip().splitlines()[-1])
+    result = {"contender": name, "link": "unshaped", "tree": str(tree), "samples_per_s": s["samples_per_s"],
+              "samples": s["samples"], "steps": s["steps"], "train_wall_s": s["train_wall_s"],
+              "startup_s": s["startup_s"], "at": time.strftime("%H:%M:%S")}
+    with open(log, "a") as f:
+        f.write(json.dumps(result, allow_nan=False) + "\n")
+    print(f"[unshaped {name}] {result['samples_per_s']:.1f} samples/s, {result['steps']} steps", flush=True)
+    return result
+
+
+def secret_cost(before: Path, repeats: int, wall: float, feats: Path) -> dict:
+    """gossip and allreduce, unshaped, from this checkout and from `before`, interleaved."""
+    log = WORK / "runs-secret.jsonl"
+    log.unlink(missing_ok=True)
+    trees = {"after": ROOT, "before": before.resolve()}
+    runs: dict[str, list[dict]] = {f"{k}@{t}": [] for k in SECRET_CONTENDERS for t in trees}
+    with Hosts(count=HOSTS, cpus=CPUS) as hosts:
+        hosts.shape(None, None)
+
+        def contender(name: str):
+            def one(_repeat: int) -> float:
+                runs[name].append(run_cli(name, trees[name.split("@")[1]], hosts, feats, wall, log))
+                return runs[name][-1]["samples_per_s"]
+            return one
+        interleaved({name: contender(name) for name in runs}, repeats=repeats)
+    stats = {name: summary([r["samples_per_s"] for r in rs], 3) for name, rs in runs.items()}
+    verdicts = {k: compare(stats[f"{k}@after"], stats[f"{k}@before"]) for k in SECRET_CONTENDERS}
+    return {"benchmark": "network-secret", "commit": commit(), "measured_at": time.strftime("%Y-%m-%d %H:%M %Z"),
+            "passed": all(v["verdict"] != "lower" for v in verdicts.values()), "link": "unshaped", "hosts": HOSTS,
+            "learners": LEARNERS,
+            "model_overrides": MODEL, "batch_seconds": BATCH_SECONDS, "budget_s": wall, "repeats": repeats,
+            "before": str(before), "samples_per_s": stats,
+            "after_over_before": verdicts, "runs": runs}
+
+
+def plot_secret(result: dict, path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    names = list(result["samples_per_s"])
+    for i, name in enumerate(names):
+        values = [r["samples_per_s"] for r in result["runs"][name]]
+        ax.scatter([i] * len(values), values, color="tab:blue" if "after" in name else "tab:gray", alpha=0.7)
+        ax.hlines(result["samples_per_s"][name]["median"], i - 0.25, i + 0.25, color="black")
+    ax.set_xticks(range(len(names)), names)
+    ax.set_ylabel("samples/s (4 learners, 2 hosts, unshaped)")
+    ax.set_title("What the job's secret costs on the data path (dots: repeats; bar: median)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def results_path(batch_seconds: float) -> Path:
     """results/network.json for tiny.yaml's batches; network-batch<N>s.json for others (another
     setting, not mixed into the first)."""
@@ -409,8 +483,17 @@ def main() -> int:
                         "its complete links that this run does not measure go into the results, named as such "
                         "(`earlier`); with --links '' the results are made from these logs alone")
     parser.add_argument("--batch-seconds", type=float, default=BATCH_SECONDS, help="padded seconds a learner a step")
+    parser.add_argument("--secret-cost", type=Path, metavar="TREE", help="only: gossip and allreduce unshaped, from "
+                        "this checkout and from TREE (the code before the job's secret), interleaved")
     args = parser.parse_args()
     globals()["BATCH_SECONDS"] = args.batch_seconds
+    if args.secret_cost:
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+        result = secret_cost(args.secret_cost, args.repeats, args.budget, corpus())
+        write_results(RESULTS / "network-secret.json", result, plot_secret)
+        for kind, verdict in result["after_over_before"].items():
+            print(f"{kind}: after / before {verdict}")
+        return 0
     if args.table:
         print(markdown(json.loads(results_path(args.batch_seconds).read_text())))
         return 0

@@ -80,7 +80,7 @@ def garbage(host: str, port: int, nbytes: int = GARBAGE_BYTES) -> dict:
     try:
         sock = socket.create_connection((host, port), timeout=CONNECT_S)
     except OSError as exc:
-        return {"connected": False, "sent": 0, "ended": type(exc).__name__}
+        return {"connected": False, "sent": 0, "ended": type(exc).__name__, "received": 0}
     sent, chunk, ended = 0, os.urandom(2**20), "sent it all"
     sock.settimeout(STALL_S)
     try:

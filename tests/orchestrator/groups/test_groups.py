@@ -378,20 +378,6 @@ def test_a_collective_group_ends_its_chunk_at_the_wall_budget_not_after_its_step
     assert_nothing_left(f"{summary['job_id']}/")
 
 
-def _send_nan_weights(service) -> None:
-    """Run inside a learner (Ray's `__ray_call__`): from now on, every payload it sends on a gossip
-    link is NaN of the same size (a faulty or hostile member); its own weights stay as they are."""
-    from orchestrator.groups import channel
-
-    send = channel.Channel.send
-
-    def faulty(self, data) -> None:
-        if len(memoryview(data).cast("B")) > 8:  # a payload, not a header
-            data = torch.full((len(memoryview(data).cast("B")) // 4,), float("nan")).numpy().tobytes()
-        send(self, data)
-    channel.Channel.send = faulty
-
-
 @pytest.mark.ray
 def test_a_member_that_sends_nan_weights_is_refused_its_link_dropped_and_the_others_train_on(ray_session, tmp_path):
     """A 2-learner gossip job; once it has mixed, learner 1 starts sending NaN on every exchange (a
@@ -404,6 +390,7 @@ def test_a_member_that_sends_nan_weights_is_refused_its_link_dropped_and_the_oth
     import ray
 
     from orchestrator.groups.links import REFUSED_WEIGHTS
+    from orchestrator.testing.faulty_peer import send_nan_weights
     from tests.builders import run_in_thread
 
     spec = linear_spec(name="nan-peer", learners=2, group={"kind": "gossip"}, budget__epochs=60,
@@ -415,7 +402,7 @@ def test_a_member_that_sends_nan_weights_is_refused_its_link_dropped_and_the_oth
         assert time.time() < deadline, "the job did not start stepping"
         time.sleep(0.2)
     faulty = ray.get_actor(f"{job.job_id}/learner-1")
-    ray.get(faulty.__ray_call__.remote(_send_nan_weights))
+    ray.get(faulty.__ray_call__.remote(send_nan_weights))
     refused_at_step = job.roster.max_step()
     thread.join(timeout=300)
     assert not thread.is_alive() and "error" not in thread.outcome, thread.outcome.get("error")
