@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 DEMO_DATA := data/tiny
 
-.PHONY: install demo test test-fast test-deps speech-deps lint bench gpu-check gpu-check-dry clean
+.PHONY: install demo test test-fast test-fuzz test-deps speech-deps lint bench gpu-check gpu-check-dry clean
 
 # uv installs the ~6 GB in under half of pip's time (46 s against 106 s here, bytecode compiled by
 # both), from the sources pip is configured with and choosing the same wheels (tools/pip_sources.py)
@@ -63,6 +63,11 @@ test: $(STAMP) test-deps
 # the unit tier only, for the edit loop: no Ray cluster, no Ray head; two workers, one per core (81-84 s here)
 test-fast: $(STAMP)
 	$(TEST_ENV) $(BIN)/python -m pytest -q -m unit -n 2 --dist loadgroup
+
+# the fuzz tests of every parser of outside input (tests/fuzz/) at nightly size: 5,000 fresh examples each (the
+# unit tier draws a few hundred, from a fixed seed)
+test-fuzz: $(STAMP)
+	CHORUS_FUZZ_EXAMPLES=5000 $(TEST_ENV) $(BIN)/python -m pytest -q tests/fuzz -n 2
 
 lint: $(STAMP)
 	$(BIN)/ruff check orchestrator jobs search tests bench tools

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -120,6 +121,8 @@ def main() -> int:
     parser.add_argument("--kinds", default=",".join(KINDS))
     args = parser.parse_args()
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    shutil.rmtree(WORK / "runs", ignore_errors=True)  # (a cut-short run's folders: each run starts afresh)
+    (WORK / "runs").mkdir(parents=True)
     data, serial, kinds = corpus(), [0], {}
     started = time.time()
     with Hosts(count=2, cpus=2, token=True, strangers=1) as hosts:
