@@ -25,7 +25,7 @@ from jobs.data.tar_stream import members
 from jobs.features.filterbanks import Fbank
 from jobs.tokenizer import CharTokenizer
 from tests.fuzz.fuzzing import JSON_VALUES, Sandbox, edited, fuzzed, one_input
-from tests.jobs.data.hostile import audio_bytes, shards_folder, tar_of, utterance_members
+from tests.jobs.data.hostile import audio_bytes, shards_folder, tar_header, tar_of, utterance_members
 
 pytestmark = pytest.mark.unit
 
@@ -39,18 +39,8 @@ ARCHIVE = tar_of(utterance_members("a.b", {"text": "go", "duration": 0.2}, AUDIO
                  + utterance_members("c", {"text": "stop", "duration": 0.4}, AUDIO[1], ".flac"))
 
 
-def _header(size_field: bytes, kind: bytes) -> bytes:
-    header = bytearray(512)
-    header[:7] = b"utt.wav"
-    header[124:136] = size_field
-    header[156:157] = kind
-    header[257:263] = b"ustar\0"
-    header[148:156] = b" " * 8
-    header[148:156] = f"{sum(header):06o}\0 ".encode()
-    return bytes(header)
-
-
-HEADERS = st.builds(_header, st.binary(min_size=12, max_size=12) | st.integers(-2**95, 2**95 - 1).map(
+HEADERS = st.builds(lambda size, kind: tar_header(b"utt.wav", size, kind),
+                    st.binary(min_size=12, max_size=12) | st.integers(-2**95, 2**95 - 1).map(
     lambda n: n.to_bytes(12, "big", signed=True)) | st.integers(-99, 10**11).map(lambda n: f"{n:011o}\0".encode()),
     st.sampled_from([b"0", b"x", b"L", b"g", b"5"]))
 
@@ -58,9 +48,10 @@ HEADERS = st.builds(_header, st.binary(min_size=12, max_size=12) | st.integers(-
 @fuzzed(300)
 @given(data=st.one_of(edited(ARCHIVE, 6), st.binary(max_size=2048),
                       st.tuples(HEADERS, st.binary(max_size=1024)).map(b"".join)))
-@example(data=_header(b"\x80" + b"\xff" * 11, b"0"))  # 2^88 bytes: was an OverflowError
-@example(data=_header(b"-0000000001\0", b"0") + b"x" * 600)  # octal -1: was "read the rest of the stream"
-@example(data=_header(b"00000000004\0", b"L") + b"\xff\xfe\0\0" + b"\0" * 508 + ARCHIVE)  # a GNU long name not UTF-8
+@example(data=tar_header(b"utt.wav", b"\x80" + b"\xff" * 11))  # 2^88 bytes: was an OverflowError
+@example(data=tar_header(b"utt.wav", b"-0000000001\0") + b"x" * 600)  # octal -1: was "read the rest of the stream"
+@example(data=tar_header(b"utt.wav", b"00000000004\0", b"L") + b"\xff\xfe\0\0" + b"\0" * 508
+         + ARCHIVE)  # a GNU long name not UTF-8
 def test_the_tar_stream_yields_members_or_raises_read_error(data):
     with one_input(tarfile.ReadError):
         for name, member in members(io.BytesIO(data)):

@@ -47,6 +47,19 @@ def utterance_members(utt_id: str, meta, audio: bytes, extension: str = ".wav") 
     return [(f"{utt_id}{extension}", audio), (f"{utt_id}.json", raw)]
 
 
+def tar_header(name: bytes, size_field: bytes, kind: bytes = b"0") -> bytes:
+    """A ustar header block with this name, raw size field and entry type, its checksum right
+    (whatever size it claims: a forged header)."""
+    header = bytearray(512)
+    header[:len(name)] = name
+    header[124:136] = size_field
+    header[156:157] = kind
+    header[257:263] = b"ustar\0"
+    header[148:156] = b" " * 8
+    header[148:156] = f"{sum(header):06o}\0 ".encode()
+    return bytes(header)
+
+
 def tar_then(members: list[tuple[str, bytes]], tail: bytes) -> bytes:
     """An archive of `members` that goes on with `tail` where its end-of-archive blocks were."""
     archive = tar_of(members)

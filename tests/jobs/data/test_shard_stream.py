@@ -22,7 +22,7 @@ from jobs.data.manifests import LONGER_THAN_STATED, DataError
 from jobs.data.shard_stream import CUT_SHORT, UNREADABLE_SHARD, plan_shards
 from jobs.sections import WorkloadConfig
 from jobs.workload import AsrWorkload
-from tests.jobs.data.hostile import audio_bytes, shards_folder, tar_of, tar_then, utterance_members
+from tests.jobs.data.hostile import audio_bytes, shards_folder, tar_header, tar_of, tar_then, utterance_members
 
 
 def _workload(train, **data) -> AsrWorkload:
@@ -205,7 +205,7 @@ def test_hostile_shards_are_skipped_and_counted_by_reason_and_a_resume_past_them
 
     good = [m for i in range(4) for m in utterance(f"g{i}")]
     (tmp_path / "escape.tar").write_bytes(tar_of(utterance("stolen")))
-    forged = _forged_header(b"h2.wav", b"\x80" + b"\xff" * 11)  # base-256: 2^88 - 1 bytes
+    forged = tar_header(b"h2.wav", b"\x80" + b"\xff" * 11)  # base-256: 2^88 - 1 bytes
     root = shards_folder(tmp_path / "shards", {
         "good.tar": good[:2] + utterance("bad", text=None) + good[2:4] + utterance("lies", 3.0, 0.3) + good[4:],
         "huge.tar": tar_then(utterance("h0") + utterance("h1"), forged + b"\0" * 4096),
@@ -226,13 +226,3 @@ def test_hostile_shards_are_skipped_and_counted_by_reason_and_a_resume_past_them
     for k, start in enumerate(positions[:-1]):  # a learner resuming in a new process, after each batch
         assert [b.ids for b in _workload(root, max_batch_seconds=1).batches(0, 1, 0, start=start)] == batches[k + 1:]
 
-
-def _forged_header(name: bytes, size_field: bytes) -> bytes:
-    header = bytearray(512)
-    header[:len(name)] = name
-    header[124:136] = size_field
-    header[156:157] = b"0"
-    header[257:263] = b"ustar\0"
-    header[148:156] = b" " * 8
-    header[148:156] = f"{sum(header):06o}\0 ".encode()
-    return bytes(header)

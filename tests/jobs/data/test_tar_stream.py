@@ -9,6 +9,7 @@ import tarfile
 import pytest
 
 from jobs.data.tar_stream import MAX_MEMBER, members
+from tests.jobs.data.hostile import tar_header
 
 pytestmark = pytest.mark.unit
 
@@ -67,18 +68,6 @@ def test_an_archive_cut_inside_a_member_raises_and_one_cut_between_members_ends(
     assert list(members(io.BytesIO(archive[:boundary]))) == whole[:3]
 
 
-def _header(name: bytes, size_field: bytes, kind: bytes = b"0") -> bytes:
-    """A ustar header block with this name and raw size field, its checksum right."""
-    header = bytearray(512)
-    header[:len(name)] = name
-    header[124:136] = size_field
-    header[156:157] = kind
-    header[257:263] = b"ustar\0"
-    header[148:156] = b" " * 8
-    header[148:156] = f"{sum(header):06o}\0 ".encode()
-    return bytes(header)
-
-
 @pytest.mark.parametrize("size_field, size", [
     (b"\x80" + b"\xff" * 11, 2**88 - 1),  # base-256: more than any memory (was an OverflowError)
     (b"\xff" * 12, 2**88 - 1),  # base-256 negative, read as its magnitude
@@ -86,7 +75,7 @@ def _header(name: bytes, size_field: bytes, kind: bytes = b"0") -> bytes:
     (f"{MAX_MEMBER + 1:011o}\0".encode(), MAX_MEMBER + 1),
 ])
 def test_a_header_whose_size_is_negative_or_over_the_bound_raises_before_reading(size_field, size):
-    stream = io.BytesIO(_header(b"utt.wav", size_field) + b"\0" * 4096)
+    stream = io.BytesIO(tar_header(b"utt.wav", size_field) + b"\0" * 4096)
     with pytest.raises(tarfile.ReadError, match=rf"member size, {size} bytes, is not within 0\.\.{MAX_MEMBER}"):
         next(members(stream))
     assert stream.tell() == 512  # nothing read past the header
@@ -99,4 +88,4 @@ def test_a_member_over_a_smaller_bound_and_a_name_that_is_not_utf8_raise_read_er
     with pytest.raises(tarfile.ReadError, match="2000 bytes, is not within 0..1024"):
         next(found)
     with pytest.raises(tarfile.ReadError, match=r"a member name that is not UTF-8: b'utt\\xff.wav'"):
-        list(members(io.BytesIO(_header(b"utt\xff.wav", b"00000000000\0"))))
+        list(members(io.BytesIO(tar_header(b"utt\xff.wav", b"00000000000\0"))))
