@@ -35,8 +35,12 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("strangers"),
 EPOCHS = 40  # the budget: the attack (two strangers at once, ~8 s from their start) lands well inside it
 # (trained alone here: gossip 25 s, allreduce 22 s, hierarchical 13 s; the learners listen from ~1 s in)
 RSS_GROWTH = 32 * 2**20
-LOSS_NOISE = 0.15  # two runs of one spec: their final train loss differs by less than this, relatively,
-WER_NOISE = 10.0  # ... and their test WER by fewer points than this (bench/README.md, "Strangers": measured)
+# a probed and an unprobed run of one spec: their final train loss differs by less than this, relatively, and
+# their test WER by fewer points than this. bench/strangers.py's 5 + 5 runs a kind (2026-11-28): the largest
+# such differences were 17.3% (hierarchical; two unprobed runs differed by up to 12.2%) and 6.9 points (gossip;
+# unprobed by up to 2.3); allreduce's runs are identical, probed or not
+LOSS_NOISE = 0.25
+WER_NOISE = 10.0
 
 
 @pytest.fixture(scope="module")
