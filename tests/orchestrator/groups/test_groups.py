@@ -414,3 +414,6 @@ def test_a_member_that_sends_nan_weights_is_refused_its_link_dropped_and_the_oth
     assert summary["epochs"] == 60 and summary["steps"] > refused_at_step + 100  # and the job trained on
     assert summary["final_train_loss"] is not None and summary["events"].get("rollback", 0) == 0
     assert job.roster is not None and not job.roster.live  # released
+    key = job.secret._key  # and the job's secret is nowhere in what it wrote (checkpoints, events, summary)
+    written = [path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()]
+    assert len(written) >= 4 and not any(key in data or key.hex().encode() in data for data in written)
