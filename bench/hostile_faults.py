@@ -56,21 +56,25 @@ def stranger_flood(row) -> None:
     proc = subprocess.run([sys.executable, "-m", "orchestrator.testing.stranger", *targets], cwd=ROOT,
                           capture_output=True, text=True, timeout=min(180.0, row.left_s()))
     probes = json.loads(proc.stdout.strip().splitlines()[-1])["targets"]
-    chorus = {int(t.rsplit(":", 1)[1]) for t, r in probes.items() if r["banner"].get("chorus")}
+    owned = (row.handle_call(learner.handle, exposure.own_link_ports) for learner in row.live().values())
+    chorus = {pid: set(ports) for pid, ports in owned}  # what the owner knows and the stranger does not
 
     def held(pid: int, port: int) -> int:
         return len(exposure.connections(pid, port)) - before[pid][1][port]
     row.wait("Chorus's listeners back to their connections", lambda: all(
-        held(pid, port) <= 0 for pid in pids for port in chorus if port in before[pid][1]), timeout=SETTLE_S)
-    kept = {port: held(pid, port) for pid in pids for port in before[pid][1] if port not in chorus | {pids[pid][1]}}
+        held(pid, port) <= 0 for pid in pids for port in chorus.get(pid, ()) if port in before[pid][1]),
+        timeout=SETTLE_S)
+    kept = {port: held(pid, port) for pid in pids for port in before[pid][1]
+            if port not in chorus.get(pid, set()) | {pids[pid][1]}}
     growth = max((exposure.rss_bytes(pid) - before[pid][0]) / 2**20 for pid in pids)
     keys = sum(v == "ok" for r in probes.values() for v in r["tcpstore"].values())
     row.more_steps()
     refused = sum(sum(e["counts"].values()) for e in row.events("refused"))
     row.end_job()
-    row.note(f"{len(targets)} ports probed: {keys} keys read or written, {refused} refusals counted, Chorus's "
-             f"listeners kept 0, other listeners kept {sum(v for v in kept.values() if v > 0)} (gloo's: "
-             f"a stranger on a member's host), RSS +{growth:.0f} MB at most; trained on")
+    kept_total, found = sum(v for v in kept.values() if v > 0), sum(map(len, chorus.values()))
+    row.note(f"{len(targets)} ports probed ({found} Chorus's): {keys} keys read or written, {refused} refusals "
+             f"counted, Chorus's listeners kept 0, other listeners kept {kept_total} (gloo's: a stranger on a "
+             f"member's host), RSS +{growth:.0f} MB at most; trained on")
     if keys:
         row.problem(f"{keys} TCPStore operations of the stranger succeeded")
     if growth > 32:

@@ -76,7 +76,7 @@ def run(hosts: Hosts, data: Path, kind: str, probed: bool, epochs: int, serial: 
     if probe is not None:
         pids = list(probe.listening)
         result.update(
-            chorus_settled=probe.settled, settle_s=round(probe.settle_s, 2),
+            chorus_listeners=len(probe.chorus), chorus_settled=probe.settled, settle_s=round(probe.settle_s, 2),
             keys_touched=sum(v == "ok" for a in probe.attacks.values() for r in a["targets"].values()
                              for v in r["tcpstore"].values()),
             ray_answered=any(a["ray"]["answered"] for a in probe.attacks.values()),
@@ -111,7 +111,8 @@ def judge(kinds: dict) -> bool:
         k["worse_outside_noise"] = [f for f, worse in JUDGED.items() if verdicts[f]["verdict"] == worse]
     probes = [r for k in kinds.values() for r in k["runs"]["probed"]]
     return all(not k["worse_outside_noise"] for k in kinds.values()) and all(
-        r["chorus_settled"] and not r["keys_touched"] and not r["ray_answered"] for r in probes)
+        r["chorus_settled"] and not r["keys_touched"] and not r["ray_answered"]
+        and (r["chorus_listeners"] or r["kind"] == "allreduce") for r in probes)
 
 
 def main() -> int:

@@ -101,23 +101,43 @@ def rss_bytes(pid: int) -> int:
     return 0
 
 
-def ray_worker_ports(gcs_address: str, env: dict, prefix: str) -> dict[int, int]:
-    """Process id -> the port of Ray's own gRPC server in it (every Ray worker has one), for each
-    live actor named `prefix...` (asked from a process of its own, with the cluster's `env`)."""
+def worker_ports(gcs_address: str, env: dict, prefix: str) -> dict[int, dict]:
+    """Process id -> {"ray": the port of Ray's own gRPC server in it (every Ray worker has one),
+    "chorus": the ports of its own link listeners (`channel.own_listeners`, asked of the learner
+    through Ray)}, for each live actor named `prefix...` (asked from a process of its own, with
+    the cluster's `env`: the owner's view, which a stranger does not have)."""
     import json
     import sys
 
-    proc = subprocess.run([sys.executable, "-c", _RAY_PORTS, gcs_address, prefix], env=env, capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", _WORKER_PORTS, gcs_address, prefix], env=env, capture_output=True,
+                          text=True, timeout=120, cwd=Path(__file__).resolve().parents[2])
     if proc.returncode != 0:
         raise RuntimeError(f"could not ask the cluster for its actors: {proc.stderr[-2000:]}")
-    return {int(pid): port for pid, port in json.loads(proc.stdout.strip().splitlines()[-1]).items()}
+    return {int(pid): ports for pid, ports in json.loads(proc.stdout.strip().splitlines()[-1]).items()}
 
 
-_RAY_PORTS = """
+def own_link_ports(service) -> tuple[int, list[int]]:
+    """Run inside a learner (`__ray_call__`'s `service`, unused): its pid and the ports of its own
+    link listeners."""
+    from orchestrator.groups.channel import own_listeners
+
+    return os.getpid(), sorted(port for _, port in own_listeners())
+
+
+_WORKER_PORTS = """
 import json, sys, ray
 import ray._private.state as state
+from ray.core.generated import gcs_pb2
+from orchestrator.testing.exposure import own_link_ports
+
 ray.init(address=sys.argv[1], log_to_driver=False, logging_level="ERROR")
-print(json.dumps({a["Pid"]: a["Address"]["Port"] for a in state.actors().values()
-                  if a["State"] == "ALIVE" and (a["Name"] or "").startswith(sys.argv[2])}))
+table = state.state._connect_and_get_accessor().get_actor_table(None, "ALIVE")
+found = {}
+for row in map(gcs_pb2.ActorTableData.FromString, table):
+    if row.name.startswith(sys.argv[2]):
+        handle = ray.get_actor(row.name, namespace=row.ray_namespace)
+        chorus = handle.__ray_call__.options(concurrency_group="mix").remote(own_link_ports) \
+            if row.class_name == "_LearnerProcess" else None
+        found[row.pid] = {"ray": row.address.port, "chorus": ray.get(chorus, timeout=60)[1] if chorus else []}
+print(json.dumps(found))
 """

@@ -35,7 +35,7 @@ class Probe:
     attacks: dict[str, dict]  # where the stranger ran -> its report (`stranger.py`)
     before: dict[int, tuple]  # pid -> (RSS bytes, {port: connections held}, descriptors)
     after: dict[int, tuple]
-    chorus: set[int] = field(default_factory=set)  # the ports of Chorus's link listeners
+    chorus: set[str] = field(default_factory=set)  # "address:port" of Chorus's link listeners (asked of the learners)
     attack_s: float = 0.0
     settle_s: float = 0.0  # from the attack's end until Chorus's listeners held what they did before
     settled: bool = False
@@ -43,7 +43,7 @@ class Probe:
     def kept_by_library(self) -> dict[int, dict[int, int]]:
         """pid -> {port: connections kept since the attack} of the listeners neither Chorus's nor Ray's."""
         return {pid: {lis.port: self.after[pid][1][lis.port] - self.before[pid][1][lis.port]
-                      for lis in found if lis.port not in self.chorus and lis.port != self.ray_ports.get(pid)}
+                      for lis in found if lis.target not in self.chorus and lis.port != self.ray_ports.get(pid)}
                 for pid, found in self.listening.items()}
 
 
@@ -96,15 +96,17 @@ class ProbedJob:
         targets = sorted({f"{hosts.hosts[pids[lis.pid]].address}:{lis.port}" if lis.wildcard else lis.target
                           for found in listening.values() for lis in found})
         started = time.monotonic()
-        with ThreadPoolExecutor(3) as pool:  # from both places at once (and which ports are Ray's, meanwhile)
-            asked = pool.submit(exposure.ray_worker_ports, hosts.gcs_address, hosts.env, f"{self.name}-")
+        # from both places at once (and, meanwhile, which ports are Ray's and which Chorus's)
+        with ThreadPoolExecutor(3) as pool:
+            asked = pool.submit(exposure.worker_ports, hosts.gcs_address, hosts.env, f"{self.name}-")
             where = {"a member's host": 0, "a host of its own": len(hosts.hosts)}
             reports = pool.map(lambda index: self._attack(index, targets), where.values())
-            probe = Probe(listening, asked.result(), dict(zip(where, reports, strict=True)), before, {})
+            ports, attacks = asked.result(), dict(zip(where, reports, strict=True))
+        chorus = {lis.target for pid, found in listening.items() for lis in found
+                  if lis.port in ports.get(pid, {}).get("chorus", ())}
+        probe = Probe(listening, {pid: p["ray"] for pid, p in ports.items()}, attacks, before, {}, chorus=chorus)
         attacked = time.monotonic()
         probe.attack_s = attacked - started
-        probe.chorus = {int(t.rsplit(":", 1)[1]) for a in probe.attacks.values() for t, r in a["targets"].items()
-                        if r["banner"].get("chorus")}
         while not self._settled(probe) and time.monotonic() - attacked < SETTLED_S:
             time.sleep(0.2)
         if not self.running():
@@ -120,8 +122,8 @@ class ProbedJob:
 
     @staticmethod
     def _settled(probe: Probe) -> bool:
-        return all(len(exposure.connections(pid, port)) <= held[1][port]
-                   for pid, held in probe.before.items() for port in probe.chorus if port in held[1])
+        return all(len(exposure.connections(pid, lis.port)) <= probe.before[pid][1][lis.port]
+                   for pid, found in probe.listening.items() for lis in found if lis.target in probe.chorus)
 
     def _attack(self, index: int, targets: list[str]) -> dict:
         hosts = self.hosts

@@ -93,7 +93,7 @@ def test_a_stranger_gets_nothing_of_a_job_and_costs_it_nothing(hosts, corpus, tm
             store = result["tcpstore"]
             assert store["client"] != "ok" and "ok" not in store.values(), (where, target, store)  # no key touched
             port = int(target.rsplit(":", 1)[1])
-            if port in probe.chorus:  # Chorus's channels take nothing and keep nothing
+            if target in probe.chorus:  # Chorus's channels take nothing and keep nothing
                 assert result["garbage"]["sent"] < 16 * 2**20 and result["garbage"]["ended"] != "sent it all", result
             elif port not in probe.ray_ports.values():  # a library's listener: it may keep the stranger, never talk
                 assert result["banner"].get("first_bytes", "") == "" and result["garbage"]["received"] == 0, result
