@@ -66,6 +66,7 @@ from orchestrator.driver.config import load_spec  # noqa: E402
 from orchestrator.groups.allreduce import AllreduceMember  # noqa: E402
 from orchestrator.groups.gossip import GossipMember  # noqa: E402
 from orchestrator.groups.overlap import BUCKET_BYTES  # noqa: E402
+from orchestrator.groups.registry import call  # noqa: E402
 from orchestrator.testing.groups import FixedLearners  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
@@ -230,9 +231,9 @@ class ChorusPair:
 
     def exchange(self, count: int) -> float:
         active = self._learners("gossip")[0]
-        ray.get(active.mix.remote(1))  # the link opened and warm
+        ray.get(call(active, "gossip", "mix", 1))  # the link opened and warm
         start = time.perf_counter()
-        ray.get(active.mix.remote(count))
+        ray.get(call(active, "gossip", "mix", count))
         return (time.perf_counter() - start) / count
 
     def allreduce_wait(self, bucket_bytes: int) -> float:

@@ -37,7 +37,7 @@ from harness.results import commit, write_results  # noqa: E402
 from harness.stats import compare, interleaved, summary  # noqa: E402
 
 from orchestrator.base.secret import JobSecret  # noqa: E402
-from orchestrator.groups.allreduce import RENDEZVOUS_TIMEOUT_S  # noqa: E402
+from orchestrator.groups.collectives import RENDEZVOUS_TIMEOUT_S  # noqa: E402
 from orchestrator.groups.rendezvous import BoardActor, Meeting  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
@@ -67,7 +67,7 @@ class Member:
 
         import torch.distributed as dist
 
-        from orchestrator.groups.allreduce import CONNECT_PACING_S, leave_process_group
+        from orchestrator.groups.collectives import CONNECT_PACING_S, leave_process_group
 
         leave_process_group()
         time.sleep(rank * CONNECT_PACING_S)
@@ -76,12 +76,12 @@ class Member:
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timedelta(seconds=30))
 
     def join_chorus(self, meeting, rank: int, world: int) -> None:
-        from orchestrator.groups.allreduce import join_process_group
+        from orchestrator.groups.collectives import join_process_group
 
         join_process_group("gloo", meeting, rank, world, 30.0, self.learner)
 
     def leave(self) -> None:
-        from orchestrator.groups.allreduce import leave_process_group
+        from orchestrator.groups.collectives import leave_process_group
 
         leave_process_group()
 

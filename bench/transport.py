@@ -62,6 +62,7 @@ from orchestrator.cluster.capacity import place_learners, release  # noqa: E402
 from orchestrator.groups.allreduce import AllreduceMember  # noqa: E402
 from orchestrator.groups.gossip import GossipMember  # noqa: E402
 from orchestrator.groups.overlap import BUCKET_BYTES  # noqa: E402
+from orchestrator.groups.registry import call  # noqa: E402
 from orchestrator.testing.groups import FixedLearners  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
@@ -94,7 +95,7 @@ class GlooPeer:
             return f"{ray.util.get_node_ip_address()}:{sock.getsockname()[1]}"
 
     def join(self, address: str, rank: int) -> None:
-        from orchestrator.groups.allreduce import join_process_group
+        from orchestrator.groups.collectives import join_process_group
 
         self.rank = rank
         join_process_group("gloo", address, rank, 2, timeout_s=600)
@@ -175,9 +176,9 @@ class Sizes:
             seconds = ray.get([getattr(p, method).remote(count) for p in self.peers])
             ray.get([p.hold.remote(0) for p in self.peers])
             return seconds[0]
-        ray.get(self.learners[0].mix.remote(1))  # the first exchange of a measurement warms nothing up later
+        ray.get(call(self.learners[0], "gossip", "mix", 1))  # its first exchange warms nothing up later
         start = time.perf_counter()
-        ray.get(self.learners[0].mix.remote(count))
+        ray.get(call(self.learners[0], "gossip", "mix", count))
         return (time.perf_counter() - start) / count
 
     def close(self) -> None:

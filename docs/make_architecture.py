@@ -40,14 +40,16 @@ PATH = [("orchestrator/cli/train.py", "orchestrator/driver/config.py", "1 load_s
         ("orchestrator/driver/elastic.py", "orchestrator/cluster/runtime.py", "3 start_learner"),
         ("orchestrator/cluster/runtime.py", "orchestrator/learner/service.py", "3 LearnerActor"),
         ("orchestrator/driver/job.py", "orchestrator/driver/group.py", "3 form"),
-        ("orchestrator/driver/group.py", "orchestrator/groups/strategies.py", "3 members"),
+        ("orchestrator/driver/group.py", "orchestrator/groups/registry.py", "3 kind_of"),
+        ("orchestrator/groups/registry.py", "orchestrator/groups/allreduce.py", "3 KIND.strategy, members"),
         ("orchestrator/driver/job.py", "orchestrator/driver/loop.py", "4 run()"),
         ("orchestrator/driver/loop.py", "orchestrator/learner/service.py", "4 run(steps)"),
         ("orchestrator/learner/service.py", "orchestrator/learner/replica.py", "5 timed_step"),
         ("orchestrator/learner/replica.py", "orchestrator/groups/allreduce.py", "5 member.step"),
         ("orchestrator/groups/allreduce.py", "orchestrator/workload.py", "5 loss, optimizer_step"),
         ("orchestrator/workload.py", "jobs/workload.py", "5 (registry)"),
-        ("orchestrator/driver/loop.py", "orchestrator/checkpoint/snapshot.py", "4 evaluate")]
+        ("orchestrator/driver/loop.py", "orchestrator/driver/snapshots.py", "4 evaluate"),
+        ("orchestrator/driver/snapshots.py", "orchestrator/checkpoint/snapshot.py", "4 Snapshot")]
 
 
 def modules() -> dict[str, str]:
@@ -104,7 +106,8 @@ def dot() -> str:
     for i, (frame, label) in enumerate(FRAMES):
         members = [p for p, f in drawn.items() if f == frame]
         if frame in WHOLE:
-            lines.append(f'  {_node(frame + "/.py")} [label="{label}\\n({len(members)} modules)", fillcolor="#eef3e2"];')
+            box = f'[label="{label}\\n({len(members)} modules)", fillcolor="#eef3e2"]'
+            lines.append(f'  {_node(frame + "/.py")} {box};')
             continue
         lines += [f"  subgraph cluster_{i} {{", f'    label="{label}"; style="rounded"; color="#4a6fa5";'
                   ' fontcolor="#4a6fa5";']

@@ -321,8 +321,13 @@ def _table(cls: type, key: str, links: dict[type, str], runtime_links: dict[str,
         docs.update(_field_docs(base, set(fields)))
     lines = ["| key | type | default | description |", "|---|---|---|---|"]
     for name, info in fields.items():
+        if info.exclude:  # derived from other keys (a group kind's options: its own section)
+            continue
         full = f"{key}.{name}" if key else name
-        if _runtime_chosen(info):
+        choices = (info.json_schema_extra or {}).get("choices") if isinstance(info.json_schema_extra, dict) else None
+        if choices:  # a registry's names (group kinds)
+            kind = " | ".join(f"`{c}`" for c in (choices() if callable(choices) else choices))
+        elif _runtime_chosen(info):
             chosen = ", ".join(f"[{label}]({anchor})" for label, anchor in runtime_links.items())
             kind = "section chosen at runtime" + (f": {chosen}" if chosen else "")
         else:
@@ -353,6 +358,8 @@ def _render_sections(title: str, label: str, prefix: str, sections: list[tuple[s
             lines += [f"A mapping: {_cell(_type_text(root, links))}.", ""]
         else:
             lines += _table(cls, key, links, runtime_links)
+        if hasattr(cls, "choices_doc"):  # what each of a registry's choices is (group kinds)
+            lines += [*cls.choices_doc(), ""]
     return lines
 
 

@@ -60,6 +60,56 @@ def test_group_kinds_are_asked_in_groups_only():
     assert hits == [], hits
 
 
+def _names_and_strings(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, text) of every identifier and string of a module but its docstrings (prose may
+    explain a kind by its name; code may not ask for one)."""
+    docs = {id(node.body[0].value) for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body
+            and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
+            found.append((node.lineno, node.value))
+        for text in (getattr(node, attr, None) for attr in ("id", "attr", "name", "arg", "asname")):
+            if isinstance(text, str):
+                found.append((getattr(node, "lineno", 0), text))
+    return found
+
+
+def kind_names_outside_their_plug_ins(root: Path = ROOT) -> list[str]:
+    """Where the orchestrator's code (under `root`) names a group kind outside that kind's own
+    module and the registry (a kind's module names no other kind either)."""
+    from orchestrator.groups.registry import KINDS
+
+    home = {str(Path(*module.split("."))) + ".py": kind for kind, module in KINDS.items()}
+    registry = str(Path("orchestrator", "groups", "registry.py"))
+    hits = []
+    for path in sorted((root / "orchestrator").rglob("*.py")):
+        where = str(path.relative_to(root))
+        if where == registry or where.startswith(str(Path("orchestrator", "testing"))):
+            continue
+        others = [k for k in KINDS if k != home.get(where)]
+        named = re.compile("|".join(others), re.I)
+        hits += [f"{where}:{line}: {text[:60]!r}" for line, text in _names_and_strings(ast.parse(path.read_text()))
+                 if named.search(text)]
+    return hits
+
+
+def test_no_group_kind_is_named_outside_its_plug_in_and_the_registry():
+    hits = kind_names_outside_their_plug_ins()
+    assert hits == [], hits
+
+
+def test_a_kind_named_outside_its_plug_in_is_found(tmp_path):
+    (tmp_path / "orchestrator" / "groups").mkdir(parents=True)
+    (tmp_path / "orchestrator" / "groups" / "elsewhere.py").write_text(
+        '"""Prose may say gossip."""\nfrom x import allreduce_step\nKIND = "hierarchical"\n')
+    (tmp_path / "orchestrator" / "groups" / "gossip.py").write_text('KIND = "gossip"\nOTHER = "Allreduce"\n')
+    assert kind_names_outside_their_plug_ins(tmp_path) == [
+        "orchestrator/groups/elsewhere.py:2: 'allreduce_step'", "orchestrator/groups/elsewhere.py:3: 'hierarchical'",
+        "orchestrator/groups/gossip.py:2: 'Allreduce'"]
+
+
 def test_the_orchestrator_reaches_jobs_only_through_the_workload_registry():
     imports = _grep(r"^\s*(from|import) jobs\b", "orchestrator", "search")
     assert imports == [], imports

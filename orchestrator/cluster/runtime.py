@@ -273,7 +273,9 @@ class InProcessLearner:
 
     def __getattr__(self, name):
         method = getattr(self._service, name)
-        return SimpleNamespace(remote=lambda *args, **kwargs: Done(method(*_values(args), **kwargs)))
+        call = SimpleNamespace(remote=lambda *args, **kwargs: Done(method(*_values(args), **kwargs)))
+        call.options = lambda **_: call  # a concurrency group: every call runs at once anyway
+        return call
 
 
 class Done:

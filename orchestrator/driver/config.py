@@ -23,6 +23,7 @@ from pydantic import (
     model_validator,
 )
 
+from orchestrator.groups.spec import GroupConfig
 from orchestrator.workload import workload_config
 
 
@@ -51,35 +52,6 @@ class BudgetConfig(BaseModel):
         if self.epochs is None and self.wall_seconds is None:
             raise ValueError("set epochs or wall_seconds (or both)")
         return self
-
-
-class GroupConfig(BaseModel):
-    """The `group` section: how the learners keep their models in agreement.
-
-    Args:
-    kind: how learners keep their models in agreement: `allreduce`, `gossip` or `hierarchical`.
-    balance: adapt to learners of different speeds (measured samples/s): `allreduce` sizes each
-        learner's shard and batches in proportion to its speed (the global batch stays the same),
-        `gossip` puts the slowest learners at passive ring positions.
-    compression: what crosses the network between learners: `none` (float32), `bf16` (half the
-        bytes) or `int8` (a quarter), always with error feedback (nothing rounded away is lost,
-        only sent later): gossip's and hierarchical's weight exchanges, and allreduce's sums
-        between hosts (summed host by host then).
-    topology_aware: learners that share a host (a Ray node) are placed together: gossip's ring
-        keeps them next to each other, so most exchanges stay on the host; allreduce sums on each
-        host first and sends one sum per host across the network (hierarchical's node groups are
-        hosts anyway).
-    interface: the network interface learners' process groups and gossip links use on every node
-        (e.g. `eth1`, as NCCL_SOCKET_IFNAME); left out, each learner uses the interface that holds
-        its node's address (the one Ray gives the node), never what the host name resolves to.
-    """
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-    kind: Literal["allreduce", "gossip", "hierarchical"] = "allreduce"
-    balance: bool = True
-    compression: Literal["none", "bf16", "int8"] = "none"
-    topology_aware: bool = True
-    interface: str | None = Field(None, pattern=r"^[A-Za-z0-9_.:@-]{1,15}$")
 
 
 class LearnersConfig(BaseModel):

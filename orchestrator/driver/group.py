@@ -1,12 +1,12 @@
 """Group: the learner group over the roster's live learners — forming and re-forming it, the
-shard plan that goes with its members, rebalancing by measured speed, and the per-kind facts the
-training loop needs. What differs between kinds is the group's `GroupStrategy`
-(`orchestrator/groups/strategies.py`).
+shard plan that goes with its members, rebalancing by measured speed, and what the training loop
+asks of its kind. What differs between kinds is the kind's plug-in (`orchestrator/groups/kind.py`,
+`registry.py`): its `GroupStrategy` and the calls it makes on learners; nothing here names a kind.
 
-Gossip members are swapped in while learners run (the ring changes from their next step);
-allreduce and hierarchical members re-form their process groups from the learners' in-memory
-state (no restart), once every learner is between chunks. A learner that dies or hangs while its
-group forms is dropped, and the group is formed again without it.
+Members of a kind that `swaps_running` are swapped in while learners run (the change holds from
+their next step); the others re-form their process groups from the learners' in-memory state (no
+restart), once every learner is between chunks. A learner that dies or hangs while its group
+forms is dropped, and the group is formed again without it.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import time
 
 from orchestrator.driver.roster import reason
 from orchestrator.groups.errors import GroupCannotForm
+from orchestrator.groups.registry import call, kind_of
 from orchestrator.groups.rendezvous import Meeting
 from orchestrator.groups.strategies import strategy_for
 
@@ -38,6 +39,7 @@ class Group:
         self.job_id, self.spec, self.runtime, self.roster, self.clock = job_id, spec, runtime, roster, clock
         self.elastic, self.events = elastic, events
         self.strategy = strategy_for(spec, runtime.distributed)
+        self.kind = kind_of(spec.group.kind) if runtime.distributed else None  # its plug-in (none: a group of one)
         self._failed_forms = 0
         self._same_failure: tuple[str, int] = ("", 0)  # (every member's join error, forms in a row)
         self.meetings = Meetings(runtime, elastic, spec.group.interface)
@@ -53,8 +55,16 @@ class Group:
 
     @property
     def swaps_running(self) -> bool:
-        """A change is swapped in while learners run (gossip), not re-formed between chunks."""
+        """A change is swapped in while learners run, not re-formed between chunks."""
         return self.strategy.swaps_running
+
+    def before_last_evaluation(self) -> list[str]:
+        """The calls its kind makes on every learner, in order, before the last evaluation."""
+        return list(self.kind.before_last_evaluation) if self.kind else []
+
+    def call(self, handle, name: str, *args):
+        """Its kind's call `name` on a learner (`registry.call`): the object ref."""
+        return call(handle, self.kind.name, name, *args)
 
     @property
     def node_groups(self) -> list[list[int]]:
@@ -170,7 +180,7 @@ class Group:
     def plan_shards(self, wait: bool = True) -> None:
         """Tell the planner the members (and their weights) for the next unstarted epoch. With
         `wait`, until it has them: a re-formed collective's first round must split its next epoch
-        among exactly its members. Without (a gossip ring swapped, new weights for the same
+        among exactly its members. Without (members swapped in running, new weights for the same
         members) the driver goes on at once: the planner's one thread also answers every
         learner's shard request, and with 32 learners its answer took up to 1.2 s, all of it
         between the driver's chunks. A learner that asks first gets the split as it was for that
@@ -184,36 +194,25 @@ class Group:
         self.strategy.planned = (ids, weights)
 
     def rebalance(self) -> bool:
-        """Adapt to measured speeds (at epoch boundaries); returns whether the group changed.
-        allreduce: new shard weights from the next unstarted epoch; gossip: a new ring order,
-        swapped in at once."""
+        """Adapt to measured speeds (at epoch boundaries), as the strategy says (new shard weights
+        from the next unstarted epoch, a new order swapped in or formed at once); returns whether
+        the group changed."""
         if not self.runtime.distributed or len(self.roster) < 2:
             return False
         change = self.strategy.rebalance(self.roster)
-        if change == "shares":
+        if change is None:
+            return False
+        if change.replan:
             self.plan_shards(wait=False)
-            self._say_shares()
-        elif change == "ring":
+        if change.regroup:
             self.form()
-            self.events.emit("rebalance", "gossip ring by measured speed (passive: "
-                             + ", ".join(str(i) for i in self.roster.order[1::2]) + ")", ring=self.roster.order,
-                             speeds={str(i): round(self.roster.live[i].speed, 2) for i in self.roster.order})
-        return change is not None
-
-    def _say_shares(self) -> None:
-        live, order, weights = self.roster.live, self.roster.order, self.strategy.planned[1]
-        out = [i for i, w in zip(order, weights, strict=True) if w == 0]
-        self.events.emit("rebalance", "shard and batch shares by measured speed: " + ", ".join(
-            f"learner {i} {w:.2f}" for i, w in zip(order, weights, strict=True)) + "".join(
-            f"; learner {i} sits out (its {live[i].step_compute_s:.2f} s per step at a small share "
-            "outlast the others' steps; it keeps its replica in step)" for i in out),
-            weights={str(i): w for i, w in zip(order, weights, strict=True)},
-            speeds={str(i): round(live[i].speed, 2) for i in order},
-            step_compute_s={str(i): round(live[i].step_compute_s or 0.0, 4) for i in order})
+        message, fields = self.strategy.rebalanced(self.roster)
+        self.events.emit("rebalance", message, **fields)
+        return True
 
     def by_accelerator(self) -> dict[str, dict]:
         """With `accelerator_types`: each kind's live learners, their measured samples/s in all
-        and (allreduce) their share of each step's batch."""
+        and their share of each step's batch (where the group has shares)."""
         kinds = self.spec.accelerator_types
         if not kinds or not self.runtime.distributed:
             return {}

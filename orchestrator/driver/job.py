@@ -18,7 +18,7 @@ from orchestrator.base.secret import JobSecret
 from orchestrator.checkpoint.files import KEEP, LATEST, resume_from
 from orchestrator.checkpoint.job_checkpoint import CheckpointFiles, JobCheckpoint, restore_curve
 from orchestrator.checkpoint.output import RunOutput
-from orchestrator.checkpoint.snapshot import RunningJob, Snapshots
+from orchestrator.checkpoint.snapshot import RunningJob
 from orchestrator.checkpoint.state_store import StateStore
 from orchestrator.cluster.capacity import Capacity
 from orchestrator.cluster.runtime import runtime_for
@@ -31,6 +31,7 @@ from orchestrator.driver.metrics import JobMetrics
 from orchestrator.driver.recovery import RecoveryLog
 from orchestrator.driver.rollback import Rollbacks, TrainingDiverged, simulate_divergence
 from orchestrator.driver.roster import Roster
+from orchestrator.driver.snapshots import Snapshots
 from orchestrator.driver.summary import summarize
 from orchestrator.driver.watchdog import Watchdog
 from orchestrator.workload import build_workload
@@ -101,7 +102,7 @@ class TrainingJob:
 
     @property
     def node_groups(self) -> list[list[int]]:
-        """hierarchical: learner ids per node, as last formed."""
+        """Learner ids per node, as last formed (where the group's kind groups learners by node)."""
         return self.group.node_groups if getattr(self, "group", None) else []
 
     def stop(self) -> None:
@@ -155,12 +156,12 @@ class TrainingJob:
                 self.snapshots.save_start()
             loop = TrainLoop(self.loop_parts(), self.spec.budget, time.time() - wall_before)
             train_wall = loop.run()
-            # gossip's exchanges still in flight settle on both sides before the last evaluation:
-            # the actives' first, then the passives' (and a hierarchical node takes its leader's weights)
-            self.elastic.on_every_learner(lambda slot: slot.handle.settle_exchanges.remote())
-            self.elastic.on_every_learner(lambda slot: slot.handle.align_after_exchanges.remote())
+            # what the group's kind settles before the last evaluation (exchanges in flight, on both
+            # sides, in order), on every learner
+            for name in self.group.before_last_evaluation():
+                self.elastic.on_every_learner(lambda slot, name=name: self.group.call(slot.handle, name))
             self.snapshots.poll(wait=True)
-            if loop.losses or not self.evals:  # the end-of-run evaluation (`snapshot.Snapshots`)
+            if loop.losses or not self.evals:  # the end-of-run evaluation (`snapshots.Snapshots`)
                 self.snapshots.begin(mean_loss(loop.losses) if loop.losses else float("nan"), loop.start)
                 self.snapshots.poll(wait=True)
             summary = summarize(self, train_wall, time.time() - loop.start, loop.first_loss)

@@ -25,13 +25,13 @@ from orchestrator.checkpoint.job_checkpoint import load_entry
 from orchestrator.driver.watchdog import HEARTBEAT_EVERY_S
 
 if TYPE_CHECKING:
-    from orchestrator.checkpoint.snapshot import Snapshots
     from orchestrator.driver.config import BudgetConfig
     from orchestrator.driver.elastic import Elastic
     from orchestrator.driver.group import Group
     from orchestrator.driver.recovery import RecoveryLog
     from orchestrator.driver.rollback import Rollbacks
     from orchestrator.driver.roster import Roster
+    from orchestrator.driver.snapshots import Snapshots
     from orchestrator.driver.watchdog import Watchdog
 
 CHUNK_STEPS = 8  # steps per `run` call: how often the driver looks at budget and evaluations

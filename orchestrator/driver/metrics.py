@@ -22,8 +22,8 @@ METRICS = {
     "chorus_steps": ("counter", "Optimizer steps taken", ("chorus_job", "learner")),
     "chorus_step_seconds": ("histogram", "Wall time of one training step, communication included",
                             ("chorus_job", "learner")),
-    "chorus_comm_seconds": ("histogram", "Time of one step spent waiting on communication (allreduce, "
-                            "gossip exchange, broadcast)", ("chorus_job", "learner")),
+    "chorus_comm_seconds": ("histogram", "Time of one step spent waiting on communication (a collective, "
+                            "an exchange on a link, a broadcast)", ("chorus_job", "learner")),
     "chorus_samples_per_second": ("gauge", "Training utterances per second over the learner's last chunk",
                                   ("chorus_job", "learner")),
     "chorus_train_loss": ("gauge", "Mean training loss (CTC, per utterance) over the learner's last chunk",

@@ -330,7 +330,7 @@ class LinkListener:
             conn.close()
             return
         threading.Thread(target=expected[2], args=(Channel(conn, handshake.source),),
-                         name=f"gossip-link-{link_id.hex()[:8]}", daemon=True).start()
+                         name=f"link-served-{link_id.hex()[:8]}", daemon=True).start()
 
     def _drop(self, selector, pending: dict, conn: socket.socket, reason: str | None) -> None:
         handshake = pending.pop(conn)

@@ -17,7 +17,7 @@ import time
 
 import torch.distributed as dist
 
-from orchestrator.groups.allreduce import (
+from orchestrator.groups.collectives import (
     apply_reduced_gradients,
     broadcast_counters,
     broadcast_weights,
@@ -28,8 +28,11 @@ from orchestrator.groups.allreduce import (
     reduce_gradients,
 )
 from orchestrator.groups.errors import GroupBroken
-from orchestrator.groups.gossip import GossipMember
 from orchestrator.groups.guard import STRANGERS
+from orchestrator.groups.kind import GroupKind
+from orchestrator.groups.passive_links import LINK_CALL_GROUPS, LINK_CALLS, PassiveLinks
+from orchestrator.groups.ring import RingMember, ring_partners
+from orchestrator.groups.strategies import GroupStrategy, Rendezvous
 
 
 class HierarchicalMember:
@@ -45,7 +48,7 @@ class HierarchicalMember:
     lockstep = False  # nodes run free; inside a node the collective keeps members in step
     stops_alone = False
 
-    def __init__(self, node_rank: int, node_size: int, meeting, leader: GossipMember | None,
+    def __init__(self, node_rank: int, node_size: int, meeting, leader: RingMember | None,
                  backend: str = "gloo", timeout_s: float = 120, place: int | None = None,
                  interface: str | None = None):
         self.node_rank, self.node_size, self.meeting = node_rank, node_size, meeting
@@ -106,3 +109,48 @@ class HierarchicalMember:
             self.leader.close()
         if self.node_size > 1:
             leave_process_group()
+
+
+class HierarchicalStrategy(GroupStrategy):
+    """H-ADPSGD: learners grouped by node; each node's first learner leads it on the leaders' ring."""
+
+    name = "hierarchical"
+    lockstep = False
+
+    def members(self, roster, rendezvous: Rendezvous) -> list:
+        handles = [roster.live[i].handle for i in roster.order]
+        backend = rendezvous.backend(handles)
+        by_node: dict[str, list[int]] = {}
+        for i, learner_id in enumerate(roster.order):
+            by_node.setdefault(roster.live[learner_id].node, []).append(i)
+        nodes = list(by_node.values())
+        leaders = [idxs[0] for idxs in nodes]
+        members: list = [None] * len(handles)
+        for k, idxs in enumerate(nodes):
+            meeting = rendezvous.meeting([handles[i] for i in idxs]) if len(idxs) > 1 else None
+            ring = RingMember(k, [handles[leaders[q]] for q in ring_partners(k, len(nodes))], self.spec.seed,
+                                self.compression, self.interface, kind=self.name)
+            for j, i in enumerate(idxs):
+                members[i] = HierarchicalMember(j, len(idxs), meeting, ring if j == 0 else None, backend,
+                                                place=i,  # every node's group joins at once: paced together
+                                                interface=self.interface)
+        self.node_groups = [[roster.order[i] for i in idxs] for idxs in nodes]
+        return members
+
+    def dispatch_units(self, roster) -> list[list[int]]:
+        """The learners of one node (they all-reduce every step), every other learner on its own."""
+        units = [[i for i in group if i in roster] for group in self.node_groups]
+        grouped = {i for unit in units for i in unit}
+        return [u for u in units if u] + [[s.id] for s in roster.slots() if s.id not in grouped]
+
+
+def answered_then_align(learner, member, links: PassiveLinks) -> None:
+    """The job's end, second half: the exchanges a leader serves settle on its side too, then its
+    node takes its weights (`HierarchicalMember.align`)."""
+    links.wait_answered()
+    getattr(member, "align", lambda learner: None)(learner)
+
+
+KIND = GroupKind("hierarchical", HierarchicalStrategy, process_state=PassiveLinks,
+                 calls={**LINK_CALLS, "answered": answered_then_align}, call_groups=LINK_CALL_GROUPS,
+                 before_last_evaluation=("settle", "answered"))

@@ -21,8 +21,8 @@ no step of its own is lost). A link with an exchange in flight takes no second o
 mixes with its other partner meanwhile. The passive holds its weight lock only to take its
 copy and to settle, never while bytes travel; its own steps go on meanwhile.
 
-Opening a link is the only Ray call: the active asks the passive (`open_link`) to expect a link
-of a fresh random id; the passive's `channel.LinkListener` (one per learner, bound to its node's
+Opening a link is the only Ray call: the active asks the passive (its kind's `open_link` call) to
+expect a link of a fresh random id; the passive's `channel.LinkListener` (one per learner, bound to its node's
 address) then takes the active's connection once it has proven the job's secret (`channel.py`),
 and serves the link in a thread of its own (blocked in a receive, which releases the GIL) until
 the active closes it or goes away. A partner that is gone costs its neighbour that one exchange:
@@ -55,6 +55,7 @@ from orchestrator.groups.channel import LINK_ID_BYTES, Channel, ChannelRefused, 
 from orchestrator.groups.checks import received_weights
 from orchestrator.groups.compression import codec_for
 from orchestrator.groups.network import interfaces
+from orchestrator.groups.registry import call
 
 # what a Ray call raises when the partner's actor or node died (ActorUnavailableError, a subclass
 # of RayActorError, is a temporary loss of contact: a retry, not a death)
@@ -166,7 +167,7 @@ class Pending:
     error: Exception | None = None
 
     def __post_init__(self):
-        threading.Thread(target=self._exchange, name=f"gossip-exchange-{self.partner_id[:8]}", daemon=True).start()
+        threading.Thread(target=self._exchange, name=f"link-exchange-{self.partner_id[:8]}", daemon=True).start()
 
     def _exchange(self) -> None:
         sent: list[Exception] = []
@@ -201,10 +202,11 @@ class ActiveLinks:
     Args:
     codec: `group.compression` (`none`, `bf16`, `int8`).
     interface: `group.interface` (None: the node address's).
+    kind: the group kind whose learners serve the links (its `open_link` call, `passive_links.py`).
     """
 
-    def __init__(self, codec: str = "none", interface: str | None = None):
-        self.codec, self.interface = codec_for(codec), interface
+    def __init__(self, codec: str = "none", interface: str | None = None, kind: str = ""):
+        self.codec, self.interface, self.kind = codec_for(codec), interface, kind
         self._links: dict[str, Channel] = {}
         self._state: dict[str, LinkState] = {}
         self.pending: dict[str, Pending] = {}  # partner id -> its exchange in flight
@@ -291,8 +293,8 @@ class ActiveLinks:
         link_id = secrets.token_bytes(LINK_ID_BYTES)  # random and used once: no link can be guessed
         try:
             own = bind_address(learner, self.interface)
-            codec, theirs, listener = ray.get(partner.open_link.remote(link_id.hex(), own, self.codec.name,
-                                                                       self.interface), timeout=OPEN_TIMEOUT_S)
+            asked = call(partner, self.kind, "open_link", link_id.hex(), own, self.codec.name, self.interface)
+            codec, theirs, listener = ray.get(asked, timeout=OPEN_TIMEOUT_S)
             channel = connect(listener, learner.secret, link_id, source=own, timeout=OPEN_TIMEOUT_S)
         except ray.exceptions.ActorUnavailableError:
             self._retry_at[partner_id] = time.monotonic() + OPEN_BACKOFF_S

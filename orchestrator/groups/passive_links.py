@@ -26,13 +26,13 @@ from orchestrator.groups.links import (
 
 class PassiveLinks:
     """A passive learner's side of its links: its listener (made on the first link it is asked
-    for) and one serving thread per link, each with its own state. `exit_in_exchange` (tests and
-    bench/faults.py only): the process exits inside the next exchange it serves, after the active's
-    header arrived and before it answers."""
+    for) and one serving thread per link, each with its own state. What a kind whose learners link
+    keeps in each learner's process (`GroupKind.process_state`). With `learner._exit_in_exchange`
+    (tests and bench/faults.py only) the process exits inside the next exchange it serves, after
+    the active's header arrived and before it answers."""
 
     def __init__(self, learner):
         self.learner = learner
-        self.exit_in_exchange = False
         self.listener: LinkListener | None = None
         self._listener_lock = threading.Lock()
         self._answering = 0  # exchanges whose header has arrived and whose mean is not yet taken
@@ -104,7 +104,7 @@ class PassiveLinks:
 
     def _answer(self, channel: Channel, state: LinkState) -> bool:
         """Serve one exchange; False when what the active sent is refused (the link ends)."""
-        if self.exit_in_exchange:
+        if getattr(self.learner, "_exit_in_exchange", False):  # tests, bench/faults.py (`simulate_exit_in_average`)
             os._exit(1)
         learner, failed = self.learner, []
 
@@ -134,3 +134,32 @@ class PassiveLinks:
             return False
         learner.count_averages(1)
         return True
+
+
+# the calls of a kind whose learners link (`GroupKind.calls`: `call(learner, member, links, *args)`)
+def open_link(learner, member, links: PassiveLinks, link_id: str, active: str, codec: str = "none",
+              interface: str | None = None) -> tuple[str, str, str]:
+    """An active partner (at address `active`) opens a link to this learner: `PassiveLinks.open`."""
+    return links.open(link_id, active, codec, interface)
+
+
+def settle(learner, member, links: PassiveLinks) -> None:
+    """The job's end, first half, on every learner: the exchanges it started settle."""
+    getattr(member, "settle_all", lambda learner: None)(learner)
+
+
+def wait_answered(learner, member, links: PassiveLinks) -> None:
+    """The job's end, second half: the exchanges it serves settle on its side too."""
+    links.wait_answered()
+
+
+def mix(learner, member, links: PassiveLinks, rounds: int) -> int:
+    """`rounds` exchanges without gradient steps, each waited for (tests, benchmarks); this
+    learner's averages."""
+    for _ in range(rounds):
+        member.mix(learner)
+    return learner.averages
+
+
+LINK_CALLS = {"open_link": open_link, "settle": settle, "answered": wait_answered, "mix": mix}
+LINK_CALL_GROUPS = {"open_link": "links"}  # answered while the learner steps (and while it serves others)

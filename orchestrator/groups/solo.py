@@ -1,12 +1,27 @@
-"""The group of one."""
+"""The group of one: a learner alone takes plain local steps (a one-learner job, in this process)."""
 
 from __future__ import annotations
 
-from orchestrator.groups.gossip import GossipMember
+from orchestrator.groups.replica import next_batch_or_new_epoch
 
 
-class SoloMember(GossipMember):
-    """A group of one: a gossip member with nobody to average with takes plain local steps."""
+class SoloMember:
+    """A group of one: nobody to wait for or to average with, so it may stop after any step."""
 
-    def __init__(self):
-        super().__init__(position=0, partners=[])
+    lockstep = False
+    stops_alone = True
+
+    def setup(self, learner) -> None:
+        pass
+
+    def step(self, learner) -> None:
+        batch = next_batch_or_new_epoch(learner)
+        if batch is None:
+            return
+        learner.apply_step(learner.forward_backward(batch), batch.size)
+
+    def mix(self, learner) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

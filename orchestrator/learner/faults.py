@@ -8,7 +8,7 @@ import torch
 
 class SimulatedFaults:
     """Tests and bench/faults.py only: faults a learner can be told to simulate (`LearnerService`
-    holds the flags, its learner and its passive links)."""
+    holds the flags and its learner)."""
 
     @ray.method(concurrency_group="mix")
     def simulate_exit_in_join(self) -> None:
@@ -34,5 +34,5 @@ class SimulatedFaults:
     @ray.method(concurrency_group="mix")
     def simulate_exit_in_average(self) -> None:
         """Tests and bench/faults.py only: the process exits inside the next averaging request or
-        gossip exchange it serves, after its partner sent its request and before it answers."""
-        self._exit_in_average = self.passive_links.exit_in_exchange = True
+        link exchange it serves, after its partner sent its request and before it answers."""
+        self._exit_in_average = self.learner._exit_in_exchange = True

@@ -17,7 +17,7 @@ from orchestrator.base import flat as flat_state
 from orchestrator.groups.errors import GroupBroken
 from orchestrator.groups.guard import STRANGER, STRANGERS
 from orchestrator.groups.links import bind_address
-from orchestrator.groups.passive_links import PassiveLinks
+from orchestrator.groups.registry import kind_of
 from orchestrator.learner.faults import SimulatedFaults
 from orchestrator.learner.replica import Learner
 
@@ -31,7 +31,8 @@ class LearnerService(SimulatedFaults):
                  slowdown: float = 1.0, use_gpu: bool = True, secret=None):
         self.learner = Learner(workload, workload_config, seed, learner_id, planner, threads, use_gpu, secret)
         self.learner._slowdown, self.group = float(slowdown), None
-        self.passive_links = PassiveLinks(self.learner)  # gossip links its active partners opened
+        self.kind_states: dict[str, object] = {}  # what each kind keeps in this process (`GroupKind.process_state`)
+        self._states_lock = threading.Lock()
         self._trainable = None  # which entries of the model's flat state are trainable weights
         self._exit_in_join = self._exit_in_average = False
 
@@ -83,8 +84,8 @@ class LearnerService(SimulatedFaults):
 
     @ray.method(concurrency_group="mix")
     def regroup(self, member) -> None:
-        """Swap in a new member of a group whose `setup` is a no-op (gossip) while `run` goes on:
-        the next step uses it."""
+        """Swap in a new member of a group whose `setup` is a no-op (`swaps_running`) while `run`
+        goes on: the next step uses it."""
         self.group = member
 
     def set_slowdown(self, factor: float) -> None:
@@ -101,7 +102,7 @@ class LearnerService(SimulatedFaults):
         learner has finished `max_epochs` epochs; returns its stats. (A group step at an epoch
         boundary trains nothing and does not count; two in a row mean an empty shard.)
 
-        A learner that may stop alone (`stops_alone`: gossip) checks the time before each step; the
+        A learner that may stop alone (`stops_alone`) checks the time before each step; the
         members of a collective vote in each step's collective (`Learner.wants_to_stop`) and all end
         the chunk after the first step in which any voted: never more than a step past the deadline."""
         learner = self.learner
@@ -133,30 +134,21 @@ class LearnerService(SimulatedFaults):
             learner.refusals.refuse(source, STRANGER)
         return {**learner.take_stats(), "broken": broken, "leaving": learner.leaving}
 
-    def mix(self, rounds: int) -> int:
-        """`rounds` gossip exchanges without gradient steps; returns this learner's averages."""
-        for _ in range(rounds):
-            self.group.mix(self.learner)
-        return self.learner.averages
+    def member_call(self, kind: str, call: str, *args):
+        """What its group's kind asks of this learner (`GroupKind.calls`: the one way in for a
+        kind's own requests, from its peers or the driver); on the concurrency group the caller
+        chose (`groups.kind.call`)."""
+        plugin = kind_of(kind)
+        return plugin.calls[call](self.learner, self.group, self._kind_state(plugin), *args)
 
-    def settle_exchanges(self) -> None:
-        """The job's end, first half, on every learner: settle the gossip exchanges it started."""
-        getattr(self.group, "settle_all", lambda learner: None)(self.learner)
-
-    def align_after_exchanges(self) -> None:
-        """The job's end, second half: the exchanges it serves settle on its side too, then a hierarchical
-        node takes its leader's weights (so the last evaluation holds both halves of every exchange)."""
-        self.passive_links.wait_answered()
-        getattr(self.group, "align", lambda learner: None)(self.learner)
-
-    @ray.method(concurrency_group="links")
-    def open_link(self, link_id: str, active: str, compression: str = "none",
-                  interface: str | None = None) -> tuple[str, str, str]:
-        """An active gossip partner (at node address `active`) opens a link to this learner
-        (`groups/links.py`): this side expects its connection on its link listener and serves its
-        exchanges in a thread; returns the link's codec, this learner's node address and its
-        listener's address."""
-        return self.passive_links.open(link_id, active, compression, interface)
+    def _kind_state(self, plugin):
+        """What `plugin` keeps in this process across re-formed groups, made on first use."""
+        if plugin.process_state is None:
+            return None
+        with self._states_lock:
+            if plugin.name not in self.kind_states:
+                self.kind_states[plugin.name] = plugin.process_state(self.learner)
+            return self.kind_states[plugin.name]
 
     @ray.method(concurrency_group="mix")
     def average(self, other: torch.Tensor) -> torch.Tensor:
@@ -220,7 +212,8 @@ class LearnerService(SimulatedFaults):
     def close(self) -> None:
         if self.group is not None:
             self.group.close()
-        self.passive_links.close()
+        for state in list(self.kind_states.values()):
+            getattr(state, "close", lambda: None)()
 
 
 class _LearnerProcess(LearnerService):

@@ -13,6 +13,7 @@ from orchestrator.driver.job import TrainingJob
 from orchestrator.driver.metrics import prometheus_names
 from orchestrator.groups.allreduce import AllreduceMember
 from orchestrator.groups.gossip import GossipMember, ring_partners
+from orchestrator.groups.registry import call
 from orchestrator.testing.groups import FixedLearners
 from orchestrator.workload import build_workload
 from tests.builders import assert_nothing_left, linear_spec
@@ -80,7 +81,7 @@ def test_one_averaging_leaves_both_partners_identical(learners):
     fetch([a.perturb.remote(0.1, 1), b.perturb.remote(0.1, 2)])
     wa, wb = fetch([a.weights.remote(), b.weights.remote()])
     assert not torch.equal(wa, wb)
-    fetch(a.mix.remote(1))
+    fetch(call(a, "gossip", "mix", 1))
     _settled(b, 1)
     wa2, wb2 = fetch([a.weights.remote(), b.weights.remote()])
     assert torch.equal(wa2, wb2)
@@ -95,7 +96,7 @@ def test_a_dead_partner_costs_an_exchange_not_an_error(learners):
     fetch([a.join.remote(GossipMember(0, [b])), b.join.remote(GossipMember(1, []))])
     before = fetch(a.weights.remote())
     ray.kill(b)
-    assert fetch(a.mix.remote(1)) == 0  # no average happened, and no exception reached the caller
+    assert fetch(call(a, "gossip", "mix", 1)) == 0  # no average happened, and no exception reached the caller
     assert torch.equal(fetch(a.weights.remote()), before)
     stats = fetch(a.run.remote(3, None, None, 0.0))  # and the learner keeps training on its own
     assert stats["step"] == 3 and stats["averages"] == 0 and stats["failed_exchanges"] == 4
@@ -104,7 +105,7 @@ def test_a_dead_partner_costs_an_exchange_not_an_error(learners):
 def _settled(actor, averages: int) -> None:
     """Wait until a passive partner has settled the exchanges its actives have settled (it assigns
     the mean just after the active has it, `groups/links.py`), and check it took `averages`."""
-    fetch(actor.align_after_exchanges.remote())
+    fetch(call(actor, "gossip", "answered"))
     assert fetch(actor.counters.remote())["averages"] == averages
 
 
@@ -113,18 +114,18 @@ def _serving_links(actor) -> int:
     import threading
 
     return fetch(actor.__ray_call__.remote(
-        lambda service: sum(t.name.startswith("gossip-link-") for t in threading.enumerate())))
+        lambda service: sum(t.name.startswith("link-served-") for t in threading.enumerate())))
 
 
 @pytest.mark.ray
 def test_a_partner_dying_inside_an_exchange_costs_that_exchange_only(learners):
     a, b = learners(2)
     fetch([a.join.remote(GossipMember(0, [b])), b.join.remote(GossipMember(1, []))])
-    assert fetch(a.mix.remote(1)) == 1  # the link is open and has carried one exchange
+    assert fetch(call(a, "gossip", "mix", 1)) == 1  # the link is open and has carried one exchange
     before = fetch(a.weights.remote())
     fetch(b.simulate_exit_in_average.remote())  # b dies after a's header arrives, before it answers
     started = time.monotonic()
-    assert fetch(a.mix.remote(1)) == 1  # that exchange is lost, not raised
+    assert fetch(call(a, "gossip", "mix", 1)) == 1  # that exchange is lost, not raised
     assert time.monotonic() - started < 5  # the broken link fails at once, not at its timeout
     assert torch.equal(fetch(a.weights.remote()), before)
     stats = fetch(a.run.remote(2, None, None, 0.0))
@@ -136,10 +137,10 @@ def test_a_re_formed_ring_closes_the_links_to_former_partners(learners):
     a, b, c = learners(3)
     fetch([a.join.remote(GossipMember(0, [b])), b.join.remote(GossipMember(1, [])),
            c.join.remote(GossipMember(1, []))])
-    fetch(a.mix.remote(2))
+    fetch(call(a, "gossip", "mix", 2))
     assert _serving_links(b) == 1 and _serving_links(c) == 0
     fetch(a.regroup.remote(GossipMember(0, [c])))  # as the driver re-forms a ring while `run` goes on
-    assert fetch(a.mix.remote(1)) == 3
+    assert fetch(call(a, "gossip", "mix", 1)) == 3
     deadline = time.monotonic() + 10
     while _serving_links(b) and time.monotonic() < deadline:  # b's serving thread ends on a's close
         time.sleep(0.05)
@@ -158,7 +159,7 @@ def test_consensus_distance_falls_to_zero_when_learners_only_average(learners):
     start = _consensus(actors)
     assert start > 1.0
     for _ in range(30):
-        fetch([actors[0].mix.remote(1), actors[2].mix.remote(1)])  # both actives, concurrently
+        fetch([call(actors[0], "gossip", "mix", 1), call(actors[2], "gossip", "mix", 1)])  # both actives, concurrently
     assert _consensus(actors) < 1e-4 * start
 
 
@@ -176,8 +177,8 @@ def test_gossip_ring_of_three_runs_200_steps_without_deadlock_and_everyone_mixes
     assert [s["step"] for s in stats] == [200, 200, 200]
     assert all(s["averages"] >= 1 for s in stats)
     # exchanges still in flight, as at the job's end: the actives settle theirs, then the passive its side
-    fetch([a.settle_exchanges.remote() for a in actors])
-    fetch([a.align_after_exchanges.remote() for a in actors])
+    fetch([call(a, "gossip", "settle") for a in actors])
+    fetch([call(a, "gossip", "answered") for a in actors])
     final = fetch([a.counters.remote() for a in actors])
     # an active starts an exchange every step its link is free (a step while the last is still in
     # flight starts none: busy_steps); each exchange settles once at both ends, none is lost

@@ -24,7 +24,7 @@ def _member(rank: int, world: int, hosts, port: int, compression: str, dies: int
 
     import torch.distributed as dist
 
-    from orchestrator.groups.allreduce import collective
+    from orchestrator.groups.collectives import collective
     from orchestrator.groups.errors import GroupBroken
     from orchestrator.groups.host_reduce import HostReduce
 
@@ -55,7 +55,7 @@ def _run(world: int, hosts, compression: str = "none", dies: int | None = None) 
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     ctx = mp.get_context("forkserver")  # a clean process (no threads, no gloo of this one's), torch imported once
-    ctx.set_forkserver_preload(["torch", "orchestrator.groups.host_reduce", "orchestrator.groups.allreduce"])
+    ctx.set_forkserver_preload(["torch", "orchestrator.groups.host_reduce", "orchestrator.groups.collectives"])
     answers = ctx.Queue()
     members = [ctx.Process(target=_member, args=(r, world, hosts, port, compression, dies, answers), daemon=True)
                for r in range(world)]

@@ -49,15 +49,18 @@ class Replica:
 
 
 class Partner:
-    """A passive learner's actor handle as an active side uses it: its id and `open_link`."""
+    """A passive learner's actor handle as an active side uses it: its id and its kind's
+    `open_link` call (through `member_call`, on a concurrency group)."""
 
     def __init__(self, passive: PassiveLinks, name: str = "partner-0", listen: str | None = None):
         self._actor_id = SimpleNamespace(hex=lambda: name)
 
-        def open_link(*args):
+        def member_call(kind, call, *args):
+            assert (kind, call) == ("gossip", "open_link")
             codec, own, address = passive.open(*args)
             return codec, own, listen or address
-        self.open_link = SimpleNamespace(remote=open_link)
+        self.member_call = SimpleNamespace(remote=member_call)
+        self.member_call.options = lambda concurrency_group: self.member_call
 
 
 @pytest.fixture(autouse=True)
@@ -69,7 +72,7 @@ def _pair(active_values, passive_values):
     secret = JobSecret()
     active, passive = Replica(active_values, secret, "active"), Replica(passive_values, secret, "passive")
     served = PassiveLinks(passive)
-    return active, passive, served, ActiveLinks()
+    return active, passive, served, ActiveLinks(kind="gossip")
 
 
 def _until(condition, seconds: float = 5.0) -> bool:
@@ -87,7 +90,7 @@ def test_one_exchange_leaves_both_on_the_mean():
         assert links_.settle_all(active) == (1, 0)
         assert served.wait_answered(5) and _until(lambda: passive.averages == 1)
         assert active.flat.tolist() == passive.flat.tolist() == [2.0, 4.0]
-        assert any(t.name.startswith("gossip-link-") for t in threading.enumerate())
+        assert any(t.name.startswith("link-served-") for t in threading.enumerate())
         assert active.refusals.take() == passive.refusals.take() == {}
     finally:
         links_.close(active)

@@ -9,8 +9,11 @@ import pytest
 from orchestrator.driver.events import EventLog
 from orchestrator.driver.metrics import JobMetrics
 from orchestrator.driver.roster import LearnerSlot, Roster
+from orchestrator.groups.allreduce import AllreduceStrategy
+from orchestrator.groups.gossip import GossipStrategy
+from orchestrator.groups.hierarchical import HierarchicalStrategy
 from orchestrator.groups.rendezvous import Meeting
-from orchestrator.groups.strategies import AllreduceStrategy, GossipStrategy, HierarchicalStrategy, strategy_for
+from orchestrator.groups.strategies import Rebalance, strategy_for
 from tests.builders import linear_spec
 from tests.doubles import FakeLearner
 
@@ -55,11 +58,11 @@ def test_allreduce_shards_by_measured_speed_and_rebalances_only_past_the_thresho
     roster = _roster(tmp_path, {0: 100.0, 1: 50.0})
     weights = strategy.shard_weights(roster)
     assert weights[0] > weights[1] and sum(weights) == pytest.approx(1.0)
-    assert strategy.rebalance(roster) == "shares"  # nothing planned yet
+    assert strategy.rebalance(roster) == Rebalance(replan=True)  # nothing planned yet
     strategy.planned = ([0, 1], weights)
     assert strategy.rebalance(roster) is None  # the same speeds: the same shares
     roster.live[1].speed, roster.live[1].step_compute_s = 100.0, 0.08
-    assert strategy.rebalance(roster) == "shares"
+    assert strategy.rebalance(roster) == Rebalance(replan=True)
     assert _strategy("allreduce", balance=False).shard_weights(roster) is None
     assert strategy.shard_weights(_roster(tmp_path, {0: 100.0, 1: None})) is None  # one not measured yet
 
@@ -69,7 +72,7 @@ def test_gossip_puts_a_clearly_faster_passive_at_an_active_place(tmp_path):
     roster = _roster(tmp_path, {0: 50.0, 1: 55.0, 2: 50.0, 3: 50.0})
     assert strategy.rebalance(roster) is None  # within the noise
     roster.live[1].speed = 200.0
-    assert strategy.rebalance(roster) == "ring"
+    assert strategy.rebalance(roster) == Rebalance(regroup=True)
     assert strategy.order(roster)[0] == 1  # the fastest goes first, an active place
 
 
