@@ -152,7 +152,7 @@ class TrainLoop:
             self.drain()
             elastic.wait_for_min()
         if parts.recovery.opened(parts.roster.take_changes()):
-            if parts.group.swaps_running:  # gossip swaps its ring in at once
+            if parts.group.swaps_running:  # the kind swaps its members in at once (e.g. a new ring)
                 parts.group.form()
                 parts.recovery.regrouped()
             else:
@@ -200,8 +200,9 @@ class TrainLoop:
 
     def _dispatch_free(self) -> None:
         """Free-running learners get their next chunks (a lone one: QUEUED_CHUNKS in flight). The
-        learners of a hierarchical node share a collective: they run one chunk at a time, together
-        (same steps, ending at the same step), or one left out would keep its peers waiting."""
+        learners of one dispatch unit (e.g. a hierarchical node's) share a collective: they run one
+        chunk at a time, together (same steps, ending at the same step), or one left out would keep
+        its peers waiting."""
         if self.reform:
             return
         in_flight, roster = Counter(self.pending.values()), self.parts.roster
@@ -313,9 +314,10 @@ def chunk_steps(lockstep: bool, learners: int, arriving: bool) -> int:
 
 def epochs_spent(budget, epoch_now: float) -> bool:
     """The epoch budget is reached: its evaluation is the end-of-run one (`job._run`), taken once
-    gossip's exchanges in flight have settled. One taken at once caught a free-running group
-    mid-exchange: a learner's weights changed between its state file and the average (a CI
-    failure: the saved average off the learners' mean; hierarchical leaders 0.17 apart, not < 0.15)."""
+    what the group's kind settles before it has settled (e.g. gossip's exchanges in flight). One
+    taken at once caught a free-running group mid-exchange: a learner's weights changed between its
+    state file and the average (a CI failure: the saved average off the learners' mean;
+    hierarchical leaders 0.17 apart, not < 0.15)."""
     return budget.epochs is not None and epoch_now >= budget.epochs
 
 
