@@ -9,7 +9,9 @@ class answers, never its name:
   order, the members, lockstep or free-running, swapped in running or re-formed, dispatch units,
   shard weights, rebalancing, handover, who writes a checkpoint's state);
 - `process_state`: what the kind keeps in a learner's process across re-formed groups (made on
-  first use; closed with the learner), e.g. the links a learner serves;
+  first use; closed with the learner), e.g. the links a learner serves; one with `state_dict` /
+  `load_state_dict` is saved with the learner's state (`kind_states.py`: checkpoints, resumes,
+  a newcomer's adoption);
 - `calls`: what learners and the driver ask of a learner of this kind, through the learner's one
   generic `member_call` (never a kind's own actor method): `call(learner, member, state, *args)`;
 - `before_last_evaluation`: calls made on every learner, in order, after training and before the

@@ -21,6 +21,7 @@ from orchestrator.base.flat import GRAD_TAIL, cudnn_weights, flat_grad_buffer, f
 from orchestrator.base.secret import JobSecret
 from orchestrator.groups.channel import Refusals
 from orchestrator.groups.checks import finite
+from orchestrator.groups.kind_states import KindStates
 from orchestrator.learner.calls import call
 from orchestrator.learner.data_cursor import DataCursor
 from orchestrator.learner.memory_fit import MemoryFit
@@ -117,17 +118,14 @@ class Learner(ReplicaWeights):
     """One model replica: its model, optimizer, data cursor and counters, stepped by its group.
 
     Args:
-    workload: the registered workload's name (`orchestrator.workload`).
-    workload_config: the workload's sections of the job spec (a dict, as sent over Ray).
-    seed: the job's seed (every learner starts from the same initial weights).
-    learner_id: this learner's id in its job.
-    planner: the job's `ShardPlanner` (or its actor), asked for this learner's shard every epoch.
-    threads: torch intra-op threads for this learner.
-    secret: the job's `JobSecret`, which its links prove (`groups/channel.py`, `groups/guard.py`).
-    use_gpu: it reserved a GPU (or a share): the model lives there if the process sees one (one
-    that reserved none is also started with CUDA hidden, `runtime.py`), else on the CPU.
-    Weights and states cross the learner's boundary as CPU tensors.
-    """
+    workload, workload_config: the registered workload's name (`orchestrator.workload`) and its
+    sections of the job spec (a dict, as sent over Ray); seed: the job's (every learner starts
+    from the same weights); learner_id: this learner's id in its job; planner: the job's
+    `ShardPlanner` (or its actor), asked for this learner's shard every epoch; threads: torch
+    intra-op threads; secret: the job's `JobSecret`, which its links prove (`groups/channel.py`,
+    `groups/guard.py`); use_gpu: it reserved a GPU (or a share): the model lives there if the
+    process sees one (one that reserved none is started with CUDA hidden), else on the CPU.
+    Weights and states cross the learner's boundary as CPU tensors."""
 
     def __init__(self, workload: str, workload_config: dict, seed: int, learner_id: int, planner, threads: int = 1,
                  use_gpu: bool = True, secret=None):
@@ -142,6 +140,7 @@ class Learner(ReplicaWeights):
         self.numel = self.flat.numel()
         self.version = 0  # of the weights: every change increments it (a gossip exchange checks it)
         self.group_links = None  # what a group keeps in this process across re-formed groups (gossip's links)
+        self.kind_states = KindStates()  # what the group's kind keeps here; saved with the state where it says so
         self.node_address: str | None = None  # its node's address, which its groups bind to (None: this process only)
         # its job's secret (one started without one, a test's, holds a secret of its own: it links to nobody)
         self.learner_id, self.planner, self.secret = learner_id, planner, secret or JobSecret()
@@ -277,7 +276,8 @@ class Learner(ReplicaWeights):
     def state(self) -> dict:
         """Model, optimizer and counters: a consistent copy on the CPU, taken under the weight lock."""
         with self.lock:
-            return _cpu_copy({**self.workload.state_dict(self.model, self.optimizer), "counters": self.counters()})
+            return _cpu_copy({**self.workload.state_dict(self.model, self.optimizer), "counters": self.counters(),
+                              "group": self.kind_states.state_dict()})
 
     def load_state(self, state: dict, adopt: bool = False) -> None:
         """Take over a state: this learner's own (resume), or with `adopt` another learner's model,
@@ -285,6 +285,7 @@ class Learner(ReplicaWeights):
         the data (a learner joining a running job)."""
         with self.lock:
             self.workload.load_state_dict(state, self.model, self.optimizer)
+            self.kind_states.load_state_dict(state.get("group", {}), self)
             self.version += 1
             c = state["counters"]
             self.step = c["step"]

@@ -31,8 +31,6 @@ class LearnerService(SimulatedFaults):
                  slowdown: float = 1.0, use_gpu: bool = True, secret=None):
         self.learner = Learner(workload, workload_config, seed, learner_id, planner, threads, use_gpu, secret)
         self.learner._slowdown, self.group = float(slowdown), None
-        self.kind_states: dict[str, object] = {}  # what each kind keeps in this process (`GroupKind.process_state`)
-        self._states_lock = threading.Lock()
         self._trainable = None  # which entries of the model's flat state are trainable weights
         self._exit_in_join = self._exit_in_average = False
 
@@ -139,16 +137,7 @@ class LearnerService(SimulatedFaults):
         kind's own requests, from its peers or the driver); on the concurrency group the caller
         chose (`groups.kind.call`)."""
         plugin = kind_of(kind)
-        return plugin.calls[call](self.learner, self.group, self._kind_state(plugin), *args)
-
-    def _kind_state(self, plugin):
-        """What `plugin` keeps in this process across re-formed groups, made on first use."""
-        if plugin.process_state is None:
-            return None
-        with self._states_lock:
-            if plugin.name not in self.kind_states:
-                self.kind_states[plugin.name] = plugin.process_state(self.learner)
-            return self.kind_states[plugin.name]
+        return plugin.calls[call](self.learner, self.group, self.learner.kind_states.get(plugin, self.learner), *args)
 
     @ray.method(concurrency_group="mix")
     def average(self, other: torch.Tensor) -> torch.Tensor:
@@ -212,8 +201,7 @@ class LearnerService(SimulatedFaults):
     def close(self) -> None:
         if self.group is not None:
             self.group.close()
-        for state in list(self.kind_states.values()):
-            getattr(state, "close", lambda: None)()
+        self.learner.kind_states.close()
 
 
 class _LearnerProcess(LearnerService):

@@ -2,19 +2,24 @@
 average every N steps), registers it, and runs jobs of it through the real driver (job, elastic
 membership, group, loop, snapshots, checkpoints) on the in-process doubles (`tests/doubles.py`),
 touching nothing in `orchestrator/`. Its spec section is validated with the rest of the spec, its
-members reach every learner, its calls reach them through the learner's one `member_call`, and
-what it settles before the last evaluation is settled after training and before it."""
+members reach every learner, its calls reach them through the learner's one `member_call`, what
+it settles before the last evaluation is settled after training and before it, and what it keeps
+in a learner's process is saved with the learner's state and comes back from it."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from orchestrator.checkpoint.state_store import StateStore
 from orchestrator.driver.config import SpecError, parse_spec
 from orchestrator.driver.job import TrainingJob
 from orchestrator.groups import registry
 from orchestrator.groups.kind import GroupKind
 from orchestrator.groups.strategies import GroupStrategy
+from orchestrator.learner.replica import Learner
+from orchestrator.service.shards import ShardPlanner
 from tests.builders import linear_spec
 from tests.doubles import FakeRuntime, SimulatedLearner, fake_pool
 
@@ -43,11 +48,19 @@ class EveryNMember:
 
 
 class Averages:
-    """What the kind keeps in a learner's process across re-formed groups."""
+    """What the kind keeps in a learner's process across re-formed groups; its `state_dict` goes
+    into the learner's state (checkpoints, resumes, a newcomer's adoption)."""
 
     def __init__(self, learner):
         self.averaged_at: list[int] = []
         self.settled = 0
+        self.momentum = torch.zeros(3)
+
+    def state_dict(self) -> dict:
+        return {"momentum": self.momentum, "averages": len(self.averaged_at)}
+
+    def load_state_dict(self, saved: dict) -> None:
+        self.momentum = saved["momentum"].clone()
 
 
 class EveryNStrategy(GroupStrategy):
@@ -161,3 +174,20 @@ def test_the_kinds_section_is_validated_with_the_spec():
         parse_spec(linear_spec(raw=True, group={"kind": "gossip", "gossip": {"every": 2}}))
     with pytest.raises(SpecError, match="one of the group kinds: allreduce, every-n, gossip, hierarchical"):
         parse_spec(linear_spec(raw=True, group={"kind": "every-m"}))
+
+
+def test_what_a_kind_keeps_is_saved_with_a_learners_state_and_comes_back(tmp_path):
+    config = linear_spec().workload_config.model_dump(mode="json")
+    learner = Learner("linear", config, seed=0, learner_id=0, planner=ShardPlanner([0]))
+    learner.kind_states.get(KIND, learner).momentum = torch.tensor([0.5, -1.0, 2.0])
+    store = StateStore(str(tmp_path))
+    store.write("state-1-0.pt", learner.state())  # as a checkpoint writes it (and reads it: weights only)
+    saved = store.read("state-1-0.pt")
+    assert torch.equal(saved["group"]["every-n"]["momentum"], torch.tensor([0.5, -1.0, 2.0]))
+
+    resumed = Learner("linear", config, seed=1, learner_id=0, planner=ShardPlanner([0]))
+    resumed.load_state(saved)  # a resume; a newcomer adopting a live peer's state takes the same path
+    assert torch.equal(resumed.kind_states.get(KIND, resumed).momentum, torch.tensor([0.5, -1.0, 2.0]))
+    unknown = {**saved, "group": {"a-kind-nobody-registered": {"x": torch.ones(1)}}}
+    resumed.load_state(unknown)  # another job's kind: passed over, not a crash
+    assert "a-kind-nobody-registered" not in resumed.kind_states.state_dict()
