@@ -11,14 +11,22 @@ from orchestrator.groups.passive_links import LINK_CALL_GROUPS, LINK_CALLS, Pass
 from orchestrator.groups.ring import RingMember, ring_partners
 from orchestrator.groups.strategies import REBALANCE_CHANGE, GroupStrategy, Rebalance, Rendezvous
 
-GossipMember = RingMember  # a member of this kind's ring
+NAME = "gossip"
+
+
+class GossipMember(RingMember):
+    """A learner's place on this kind's ring: its links are served by this kind's learners."""
+
+    def __init__(self, position: int, partners: list, seed: int = 0, compression: str = "none",
+                 interface: str | None = None):
+        super().__init__(position, partners, seed, compression, interface, kind=NAME)
 
 
 class GossipStrategy(GroupStrategy):
     """AD-PSGD on a ring: the learners of a host next to each other (`group.topology_aware`), and
     by measured speed (fastest at active positions)."""
 
-    name = "gossip"
+    name = NAME
     lockstep = False
     swaps_running = True
 
@@ -34,8 +42,8 @@ class GossipStrategy(GroupStrategy):
         handles = [roster.live[i].handle for i in roster.order]
         if len(handles) == 1:
             return super().members(roster, rendezvous)
-        return [RingMember(i, [handles[q] for q in ring_partners(i, len(handles))], self.spec.seed,
-                           self.compression, self.interface, kind=self.name) for i in range(len(handles))]
+        return [GossipMember(i, [handles[q] for q in ring_partners(i, len(handles))], self.spec.seed,
+                             self.compression, self.interface) for i in range(len(handles))]
 
     def rebalance(self, roster) -> Rebalance | None:
         """A new ring, swapped in at once, when a passive learner is clearly faster than an active
@@ -60,5 +68,5 @@ class GossipStrategy(GroupStrategy):
         return roster.order[(roster.order.index(slot.id) + 1) % len(roster.order)]
 
 
-KIND = GroupKind("gossip", GossipStrategy, process_state=PassiveLinks, calls=LINK_CALLS,
+KIND = GroupKind(NAME, GossipStrategy, process_state=PassiveLinks, calls=LINK_CALLS,
                  call_groups=LINK_CALL_GROUPS, before_last_evaluation=("settle", "answered"))

@@ -49,7 +49,7 @@ class RingMember:
     stops_alone = True
 
     def __init__(self, position: int, partners: list, seed: int = 0, compression: str = "none",
-                 interface: str | None = None, kind: str = ""):
+                 interface: str | None = None, *, kind: str):
         self.position, self.partners = position, partners
         self.compression, self.interface, self.kind = compression, interface, kind
         self._rng = random.Random(seed * 1_000_003 + position)
