@@ -81,14 +81,15 @@ def kind_names_outside_their_plug_ins(root: Path = ROOT) -> list[str]:
     module and the registry (a kind's module names no other kind either)."""
     from orchestrator.groups.registry import KINDS
 
-    home = {str(Path(*module.split("."))) + ".py": kind for kind, module in KINDS.items()}
+    homes = {str(Path(*module.split("."))): kind for kind, module in KINDS.items()}  # a module, or a package
     registry = str(Path("orchestrator", "groups", "registry.py"))
     hits = []
     for path in sorted((root / "orchestrator").rglob("*.py")):
         where = str(path.relative_to(root))
         if where == registry or where.startswith(str(Path("orchestrator", "testing"))):
             continue
-        others = [k for k in KINDS if k != home.get(where)]
+        own = homes.get(where[:-3]) or homes.get(str(path.parent.relative_to(root)))
+        others = [k for k in KINDS if k != own]
         named = re.compile("|".join(others), re.I)
         hits += [f"{where}:{line}: {text[:60]!r}" for line, text in _names_and_strings(ast.parse(path.read_text()))
                  if named.search(text)]
@@ -105,9 +106,11 @@ def test_a_kind_named_outside_its_plug_in_is_found(tmp_path):
     (tmp_path / "orchestrator" / "groups" / "elsewhere.py").write_text(
         '"""Prose may say gossip."""\nfrom x import allreduce_step\nKIND = "hierarchical"\n')
     (tmp_path / "orchestrator" / "groups" / "gossip.py").write_text('KIND = "gossip"\nOTHER = "Allreduce"\n')
+    (tmp_path / "orchestrator" / "groups" / "diloco").mkdir()  # a kind's package: its modules may name it
+    (tmp_path / "orchestrator" / "groups" / "diloco" / "member.py").write_text('NAME = "diloco"\nX = "gossip"\n')
     assert kind_names_outside_their_plug_ins(tmp_path) == [
-        "orchestrator/groups/elsewhere.py:2: 'allreduce_step'", "orchestrator/groups/elsewhere.py:3: 'hierarchical'",
-        "orchestrator/groups/gossip.py:2: 'Allreduce'"]
+        "orchestrator/groups/diloco/member.py:2: 'gossip'", "orchestrator/groups/elsewhere.py:2: 'allreduce_step'",
+        "orchestrator/groups/elsewhere.py:3: 'hierarchical'", "orchestrator/groups/gossip.py:2: 'Allreduce'"]
 
 
 def test_the_orchestrator_reaches_jobs_only_through_the_workload_registry():

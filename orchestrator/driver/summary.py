@@ -37,6 +37,9 @@ def summarize(job, train_wall: float, wall: float, first_loss: float | None) -> 
         "compression": job.spec.group.compression,
         "sent_bytes": sent,  # per live learner: what its group communication sent over the run
         "sent_bytes_per_s": round(sum(sent.values()) / max(train_wall, 1e-9)),
+        "sent_bytes_per_sample": round(sum(sent.values()) / max(samples, 1), 1),
+        # per live learner: what its group's kind counts in its process (`KindStates.counters`), by kind
+        "group_counters": {str(i): slot.stats.get("group", {}) for i, slot in sorted(job.roster.live.items())},
         "events": events,
         "refused": dict(sorted(job.events.refused.items())),  # what learners refused of other processes, by reason
         "recoveries": job.recoveries,

@@ -34,6 +34,13 @@ class KindStates:
             states = list(self._states.items())
         return {name: state.state_dict() for name, state in states if hasattr(state, "state_dict")}
 
+    def counters(self) -> dict:
+        """What the kinds' states count (those with `counters()`), by kind: the learner reports it
+        with its own counters, and the run's summary sums it (`group_counters`)."""
+        with self._lock:
+            states = list(self._states.items())
+        return {name: state.counters() for name, state in states if hasattr(state, "counters")}
+
     def load_state_dict(self, saved: dict, learner) -> None:
         """Back to `saved` (`state_dict`'s): each kind's state made if need be, then loaded (a kind
         this process does not know, or that saves nothing, is passed over: its state is not this

@@ -29,6 +29,7 @@ class Replica(Protocol):
     numel: int  # of the flat trainable weights
     node_address: str | None  # its node's address, which its groups bind to (None: this process only)
     secret: object  # the job's `JobSecret`: what its channels and its group's members prove
+    kind_states: object  # `kind_states.KindStates`: what the group's kind keeps in this process
     refusals: object  # `channel.Refusals`: what it refused of other processes, counted by reason
     # changed by the group
     comm_s: float  # communication seconds, added to by the group
@@ -48,7 +49,7 @@ class Replica(Protocol):
 
     def batches_left(self) -> int: ...
 
-    def wants_to_stop(self) -> bool: ...
+    def wants_to_stop(self, chunk: bool = True) -> bool: ...
 
     def set_counters(self, step: int, epoch: int) -> None: ...
 

@@ -114,7 +114,37 @@ class ReplicaWeights:
         return self.grad_buffer[:-GRAD_TAIL]
 
 
-class Learner(ReplicaWeights):
+class StepTimings:
+    """How a learner times its group's steps and its waits on the group (`self.step`, `comm_s`,
+    `computing_since` and the chunk's lists are the learner's)."""
+
+    def timed_step(self, group) -> None:
+        """One `group.step`; a step that trained something adds its wall and communication
+        seconds to this chunk's timings (`self.step_seconds`, `comm_seconds`, `step_began`)."""
+        step, comm, start, began = self.step, self.comm_s, time.perf_counter(), time.time()
+        self.computing_since = began
+        try:
+            group.step(self)
+        finally:
+            self.computing_since = None
+        if self.step > step:  # a kind's step may be a round of n inner steps: n equal entries
+            n = self.step - step
+            self.step_seconds += [(time.perf_counter() - start) / n] * n
+            self.comm_seconds += [(self.comm_s - comm) / n] * n
+            self.step_began += [began] * n
+
+    @contextmanager
+    def waiting_on_group(self):
+        """Time spent waiting for other learners (a collective, a partner's average): the watchdog
+        does not count it against this learner."""
+        computing, self.computing_since = self.computing_since, None
+        try:
+            yield
+        finally:
+            self.computing_since = time.time() if computing is not None else None
+
+
+class Learner(ReplicaWeights, StepTimings):
     """One model replica: its model, optimizer, data cursor and counters, stepped by its group.
 
     Args:
@@ -146,23 +176,20 @@ class Learner(ReplicaWeights):
         self.learner_id, self.planner, self.secret = learner_id, planner, secret or JobSecret()
         self.refusals = Refusals(f"learner {learner_id}")  # what it refused of other processes, by reason
         self.lock, self.counter_lock = threading.Lock(), threading.Lock()  # weights; counters its links add to
-        self.step = self.samples = self.averages = 0
+        self.step = self.samples = self.averages = self.sent_bytes = 0  # sent: by its group, between hosts
         self.failed_exchanges = self.busy_steps = 0  # gossip: exchanges lost; steps that started none (links busy)
-        self.sent_bytes = 0  # what its group sent between hosts (collectives: by their algorithm's count)
         self.progress = 0.0  # fraction of the job's budget spent, set by the driver
         self.lr_scale = 1.0  # times the scheduled learning rate; halved by each rollback, kept in the state
         self._nan_at: int | None = None  # simulate.nan_loss_at_step (tests only)
         self.data = DataCursor(self.workload, planner, learner_id)  # its epoch, part and position in it
-        self._slowdown = 1.0
         self.memory_fit = MemoryFit(learner_id)  # batches split or skipped on CUDA out-of-memory
-        self.comm_s = 0.0  # communication seconds, added to by the group
-        self.first_step_at: float | None = None  # time.time() when this process finished its first step
+        self.comm_s, self.first_step_at = 0.0, None  # communication seconds (the group's); when its 1st step ended
         # time.time() when the current step's own work (or the last wait on the group) ended; None
         # between steps and while waiting on the group: what the driver's watchdog judges
         self.computing_since: float | None = None
-        self._stall_s = 0.0  # simulate_stall: the next step hangs this long (tests of the watchdog)
+        self._slowdown, self._stall_s = 1.0, 0.0  # simulated slowness; simulate_stall: the next step hangs this long
         self.leaving: str | None = None  # why this learner must leave (drain, SIGTERM): it stops at a step's end
-        self.stop_at: float | None = None  # time.time() at which this chunk should end
+        self.stop_at = self.deadline = None  # time.time() at which this chunk, and the job's training, should end
         self.group_stops = False  # a collective's members agreed to end the chunk after its last step
         self._reset_chunk()
 
@@ -180,10 +207,13 @@ class Learner(ReplicaWeights):
         left), or None when there is none left (`DataCursor`)."""
         return self.data.next_batch()
 
-    def wants_to_stop(self) -> bool:
+    def wants_to_stop(self, chunk: bool = True) -> bool:
         """Whether this learner would end its chunk after the step in flight (its time is up, or it
-        must leave): a collective's members vote with it, and all end after the same step."""
-        return self.leaving is not None or (self.stop_at is not None and time.time() >= self.stop_at)
+        must leave): a collective's members vote with it, and all end after the same step. Without
+        `chunk`, only the job's deadline counts, not the chunk's own end (a kind whose step is a
+        round of inner steps ends it early for the deadline or a leave, not the chunk's seconds)."""
+        end = self.stop_at if chunk else self.deadline
+        return self.leaving is not None or (end is not None and time.time() >= end)
 
     def batches_left(self) -> int:
         """Planned batches of this epoch not handed out yet (a waiting remainder taken over first)."""
@@ -242,36 +272,12 @@ class Learner(ReplicaWeights):
         self.loss_sum += loss
         self.loss_n += 1
 
-    def timed_step(self, group) -> None:
-        """One `group.step`; a step that trained something adds its wall and communication
-        seconds to this chunk's timings."""
-        step, comm, start, began = self.step, self.comm_s, time.perf_counter(), time.time()
-        self.computing_since = began
-        try:
-            group.step(self)
-        finally:
-            self.computing_since = None
-        if self.step > step:
-            self.step_seconds.append(time.perf_counter() - start)
-            self.comm_seconds.append(self.comm_s - comm)
-            self.step_began.append(began)
-
-    @contextmanager
-    def waiting_on_group(self):
-        """Time spent waiting for other learners (a collective, a partner's average): the watchdog
-        does not count it against this learner."""
-        computing, self.computing_since = self.computing_since, None
-        try:
-            yield
-        finally:
-            self.computing_since = time.time() if computing is not None else None
-
     # -- state --------------------------------------------------------------------------------
     def counters(self) -> dict:
         return {"step": self.step, "samples": self.samples, **self.data.state(),
                 "averages": self.averages, "failed_exchanges": self.failed_exchanges, "busy_steps": self.busy_steps,
                 "lr_scale": self.lr_scale, "sent_bytes": self.sent_bytes, "oom_splits": self.memory_fit.splits,
-                "oom_skipped": self.memory_fit.skipped}
+                "oom_skipped": self.memory_fit.skipped, "group": self.kind_states.counters()}
 
     def state(self) -> dict:
         """Model, optimizer and counters: a consistent copy on the CPU, taken under the weight lock."""

@@ -107,7 +107,7 @@ class LearnerService(SimulatedFaults):
         learner.progress = progress
         alone = getattr(self.group, "stops_alone", True)
         ends = [t for t in (deadline, time.time() + seconds if seconds else None) if t is not None]
-        learner.stop_at, learner.group_stops = (min(ends) if ends else None), False
+        learner.stop_at, learner.deadline, learner.group_stops = (min(ends) if ends else None), deadline, False
         target, idle, broken, first = learner.step + steps, 0, None, learner.step
         if learner.leaving and alone:
             target = learner.step  # a chunk queued before it was told to leave: it leaves instead
@@ -127,7 +127,7 @@ class LearnerService(SimulatedFaults):
             idle = idle + 1 if learner.step == before else 0
             if learner.group_stops or (learner.leaving and alone):
                 break  # the members of a collective agreed to end here; one that may stop alone leaves
-        learner.stop_at = None
+        learner.stop_at = learner.deadline = None
         for source in STRANGERS.new():  # strangers' connections its group's library kept (`groups/guard.py`)
             learner.refusals.refuse(source, STRANGER)
         return {**learner.take_stats(), "broken": broken, "leaving": learner.leaving}
