@@ -13,6 +13,7 @@ KINDS = {
     "allreduce": "orchestrator.groups.allreduce",
     "gossip": "orchestrator.groups.gossip",
     "hierarchical": "orchestrator.groups.hierarchical",
+    "diloco": "orchestrator.groups.diloco",
 }
 DEFAULT = "allreduce"
 _registered: dict[str, GroupKind] = {}

@@ -172,7 +172,7 @@ def test_the_kinds_section_is_validated_with_the_spec():
         parse_spec(linear_spec(raw=True, group={"kind": "every-n", "every-n": {"often": 2}}))
     with pytest.raises(SpecError, match="takes no options"):
         parse_spec(linear_spec(raw=True, group={"kind": "gossip", "gossip": {"every": 2}}))
-    with pytest.raises(SpecError, match="one of the group kinds: allreduce, every-n, gossip, hierarchical"):
+    with pytest.raises(SpecError, match="one of the group kinds: allreduce, diloco, every-n, gossip, hierarchical"):
         parse_spec(linear_spec(raw=True, group={"kind": "every-m"}))
 
 

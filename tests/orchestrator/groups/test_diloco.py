@@ -1,0 +1,158 @@
+"""The `diloco` kind: its options, its outer step (against torch's own SGD), its members on real
+Ray learners, and jobs of it through the real driver."""
+
+import time
+
+import pytest
+import torch
+
+from orchestrator.cluster.runtime import fetch
+from orchestrator.driver.config import SpecError, parse_spec
+from orchestrator.driver.job import TrainingJob
+from orchestrator.groups.diloco import DilocoOptions
+from orchestrator.groups.diloco.member import DilocoMember
+from orchestrator.groups.diloco.outer import OuterState, fragment_bounds
+from orchestrator.groups.registry import call
+from orchestrator.testing.groups import FixedLearners
+from tests.builders import assert_nothing_left, linear_spec
+
+
+@pytest.mark.unit
+def test_options_default_to_the_papers_and_take_one_round_length():
+    options = DilocoOptions()
+    assert (options.inner_steps, options.round_seconds, options.outer_lr, options.momentum, options.nesterov,
+            options.streaming.fragments) == (50, None, 0.7, 0.9, True, 1)
+    assert DilocoOptions(round_seconds=20).inner_steps is None
+    spec = parse_spec(linear_spec(raw=True, group={"kind": "diloco", "diloco": {"inner_steps": 8,
+                                                                               "streaming": {"fragments": 4}}}))
+    assert spec.group.options.inner_steps == 8 and spec.group.options.streaming.fragments == 4
+    assert spec.model_dump()["group"]["diloco"]["streaming"] == {"fragments": 4}
+    with pytest.raises(SpecError, match=r"group\.diloco.*not both"):
+        parse_spec(linear_spec(raw=True, group={"kind": "diloco", "diloco": {"inner_steps": 8, "round_seconds": 5}}))
+    with pytest.raises(SpecError, match=r"group\.diloco\.momentum"):
+        parse_spec(linear_spec(raw=True, group={"kind": "diloco", "diloco": {"momentum": 1.0}}))
+
+
+@pytest.mark.unit
+def test_fragments_cover_the_weights_once():
+    for n, f in ((10, 3), (7, 7), (1_000_003, 8)):
+        bounds = fragment_bounds(n, f)
+        assert bounds[0][0] == 0 and bounds[-1][1] == n and len(bounds) == f
+        assert all(a < b and b == c for (a, b), (c, _) in zip(bounds, bounds[1:] + [(n, n)], strict=True))
+
+
+class _Weights:
+    """What `OuterState.begin` reads of a learner: its flat weights."""
+
+    def __init__(self, flat):
+        self.flat, self.numel = flat, flat.numel()
+
+    def flat_weights(self):
+        return self.flat.clone()
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("nesterov", [True, False])
+def test_the_outer_step_is_torchs_sgd_on_the_pseudo_gradient(nesterov):
+    """Fragment by fragment, the outer step is torch.optim.SGD(lr, momentum, nesterov) taking
+    the mean pseudo-gradient as its gradient; a mean that is not finite is refused and changes nothing."""
+    torch.manual_seed(0)
+    start = torch.randn(10)
+    outer = OuterState(None)
+    outer.begin(_Weights(start), fragments=2)
+    reference = torch.nn.Parameter(start.clone())
+    sgd = torch.optim.SGD([reference], lr=0.7, momentum=0.9, nesterov=nesterov)
+    options = DilocoOptions(nesterov=nesterov)
+    for _ in range(4):
+        mean = torch.randn(10)
+        for a, b in fragment_bounds(10, 2):
+            assert outer.outer_step(a, b, mean[a:b].clone(), options)
+        reference.grad = mean.clone()
+        sgd.step()
+        assert torch.allclose(outer.global_weights, reference.detach(), atol=1e-6)
+    before = (outer.global_weights.clone(), outer.momentum.clone())
+    assert not outer.outer_step(0, 5, torch.tensor([1.0, float("nan"), 0.0, 0.0, 0.0]), options)
+    assert torch.equal(outer.global_weights, before[0]) and torch.equal(outer.momentum, before[1])
+    assert outer.counters()["refused"] == 1 and outer.syncs == 9
+    saved = outer.state_dict()
+    again = OuterState(None)
+    again.begin(_Weights(torch.zeros(10)), fragments=2)
+    again.load_state_dict(saved)
+    assert torch.equal(again.global_weights, outer.global_weights) and torch.equal(again.momentum, outer.momentum)
+    assert again.syncs == 9
+
+
+@pytest.fixture
+def learners(ray_session):
+    """Learner actors of the tiny linear workload; `make.meeting()` is a meeting for their group."""
+    workload = linear_spec(data__compute_seconds=0.005).workload_config.model_dump(mode="json")
+    made = []
+
+    def make(n):
+        made.append(FixedLearners(f"diloco-{len(made)}-{time.time_ns()}", n, 1.0, "linear", workload))
+        return made[-1].actors
+
+    make.meeting = lambda: made[-1].meeting()
+    yield make
+    for fixed in made:
+        fixed.release()
+
+
+@pytest.mark.ray
+def test_members_sync_fragments_in_turn_and_end_on_the_same_global_weights(learners):
+    """Two learners, rounds of 4 inner steps in 2 fragments: each chunk is half a round (2 inner
+    steps) ending with one fragment's sync sent; after 6 chunks and `finish`, both hold the same
+    weights, the global ones, moved from where they started, and each sent bytes."""
+    actors = learners(2)
+    meeting = learners.meeting()
+    options = DilocoOptions(inner_steps=4, streaming={"fragments": 2})
+    start = fetch(actors[0].weights.remote())
+    fetch([a.join.remote(DilocoMember(i, 2, meeting, options)) for i, a in enumerate(actors)])
+    for _ in range(6):
+        stats = fetch([a.run.remote(100, None, None, 0.0) for a in actors])
+        assert [len(s["step_seconds"]) for s in stats] == [2, 2]  # one chunk: half a round's inner steps
+    fetch([call(a, "diloco", "finish") for a in actors])
+    w0, w1 = fetch([a.weights.remote() for a in actors])
+    assert torch.equal(w0, w1) and not torch.equal(w0, start)
+    counters = fetch([a.counters.remote() for a in actors])
+    # the 6th (fragment 1) landed at `finish`, which synced fragment 0's last 2 inner steps too
+    assert [c["group"]["diloco"]["syncs"] for c in counters] == [7, 7]
+    assert [c["group"]["diloco"]["rounds"] for c in counters] == [3, 3]
+    assert all(c["sent_bytes"] > 0 for c in counters) and all(c["step"] == 12 for c in counters)
+    fetch([a.close.remote() for a in actors])
+
+
+@pytest.mark.ray
+def test_a_re_formed_group_sums_what_its_members_trained_and_starts_them_equal(learners):
+    """A group re-formed mid-round (its members' syncs in flight land at the re-form; what they
+    trained since is summed by the new group) starts every member on the same global weights,
+    which took the outer step; an outer state's restore brings them and the momentum back."""
+    actors = learners(2)
+    options, meeting = DilocoOptions(inner_steps=3), learners.meeting()
+    fetch([a.join.remote(DilocoMember(i, 2, meeting, options)) for i, a in enumerate(actors)])
+    fetch([a.run.remote(100, None, None, 0.0) for a in actors])  # a round: its sync in flight
+    meeting = learners.meeting()
+    fetch([a.join.remote(DilocoMember(i, 2, meeting, options)) for i, a in enumerate(actors)])
+    w0, w1 = fetch([a.weights.remote() for a in actors])
+    assert torch.equal(w0, w1)
+    states = fetch([a.state.remote() for a in actors])
+    outer = [s["group"]["diloco"] for s in states]
+    assert torch.equal(outer[0]["global"], w0) and torch.equal(outer[0]["momentum"], outer[1]["momentum"])
+    assert float(outer[0]["momentum"].norm()) > 0 and outer[0]["syncs"] == 1
+    fetch([a.close.remote() for a in actors])
+
+
+@pytest.mark.slow
+def test_two_learner_diloco_job_trains_counts_its_rounds_and_leaves_nothing_behind(ray_session, tmp_path):
+    spec = linear_spec(name="g-diloco", learners=2, budget__epochs=3, data__eval_splits=["dev"],
+                       group={"kind": "diloco", "diloco": {"inner_steps": 4, "streaming": {"fragments": 2}}})
+    records = []
+    summary = TrainingJob(spec, tmp_path, report=records.append).run()
+    assert [r["epoch"] for r in records] == [1, 2, 3]  # epochs turn together, at a round's barrier
+    assert summary["learners"] == 2 and summary["samples"] == 3 * 512
+    assert records[-1]["train_loss"] < records[0]["train_loss"]
+    assert records[-1]["consensus_distance"] == 0.0  # the last evaluation's: every member on the global weights
+    rounds = [c["diloco"]["rounds"] for c in summary["group_counters"].values()]
+    assert rounds[0] == rounds[1] >= 2 * 3 * 16 // 4 // 2 - 2  # 16 batches a shard an epoch, 4 steps a round
+    assert summary["sent_bytes_per_sample"] > 0
+    assert_nothing_left(f"{summary['job_id']}/", placement_groups=2)
