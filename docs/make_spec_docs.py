@@ -360,6 +360,15 @@ def _render_sections(title: str, label: str, prefix: str, sections: list[tuple[s
             lines += _table(cls, key, links, runtime_links)
         if hasattr(cls, "choices_doc"):  # what each of a registry's choices is (group kinds)
             lines += [*cls.choices_doc(), ""]
+        for kind, options in getattr(cls, "kind_sections", list)():  # each kind's own section
+            lines += [f"#### `{key}.{kind}` ({options.__module__}.{options.__name__})", "",
+                      f"Read with `{key}.kind: {kind}` only.", "",
+                      *_table(options, f"{key}.{kind}", links, runtime_links)]
+            for field, info in options.model_fields.items():  # a nested section of the kind's
+                nested = info.annotation if isinstance(info.annotation, type) and hasattr(info.annotation,
+                                                                                           "model_fields") else None
+                if nested is not None:
+                    lines += _table(nested, f"{key}.{kind}.{field}", links, runtime_links)
     return lines
 
 

@@ -56,6 +56,11 @@ class GroupConfig(BaseModel):
         """docs/spec.md's list of the kinds: each one's name and what its strategy says it is."""
         return [f"- `{name}`: " + " ".join((kind_of(name).strategy.__doc__ or "").split()) for name in names()]
 
+    @staticmethod
+    def kind_sections() -> list[tuple[str, type]]:
+        """docs/spec.md's sections of the kinds' own options: (kind, its options model)."""
+        return [(name, kind_of(name).options) for name in names() if kind_of(name).options is not None]
+
     @field_validator("kind")
     @classmethod
     def _registered(cls, kind: str) -> str:

@@ -47,17 +47,29 @@ from orchestrator.groups.strategies import REBALANCE_CHANGE, GroupStrategy, Reba
 
 
 class Streaming(BaseModel):
-    """`group.diloco.streaming`: fragments: how many parts of the weights sync in turn (1: all at once)."""
+    """`group.diloco.streaming`: Streaming DiLoCo's fragments.
+
+    Args:
+    fragments: how many parts of the weights sync in turn, one every round / F (1: all at once,
+        at each round's end); each still syncs once a round, but a sync carries 1/F of the bytes.
+    """
 
     model_config = ConfigDict(extra="forbid")
     fragments: int = Field(1, ge=1, le=64)
 
 
 class DilocoOptions(BaseModel):
-    """`group.diloco`: inner_steps: a round's inner steps (50 unless `round_seconds` is set);
-    round_seconds: a round's wall seconds instead, in which each learner does what it can;
-    outer_lr, momentum, nesterov: the outer optimizer (SGD on the mean pseudo-gradient);
-    streaming: {fragments: F}: F parts of the weights sync in turn, every round / F."""
+    """`group.diloco`: DiLoCo's rounds and outer optimizer.
+
+    Args:
+    inner_steps: a round's inner steps on each learner (50 when `round_seconds` is not given).
+    round_seconds: a round's wall seconds instead of its steps: each learner does what it can in
+        it (weighted by its samples in the mean), so a slow learner holds no fast one back.
+    outer_lr: the outer optimizer's learning rate (SGD on the members' mean pseudo-gradient).
+    momentum: the outer optimizer's momentum.
+    nesterov: Nesterov momentum (as the paper), else plain momentum.
+    streaming: Streaming DiLoCo's fragments (`{fragments: F}`).
+    """
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     inner_steps: int | None = Field(None, ge=1, le=1_000_000)
