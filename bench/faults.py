@@ -114,7 +114,8 @@ from orchestrator.testing.cluster import (  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 WORK = ROOT / "bench" / "work" / "faults"
-GROUPS = ("gossip", "allreduce", "hierarchical")
+GROUPS = ("gossip", "allreduce", "hierarchical", "diloco")
+KIND_OPTIONS = {"diloco": {"diloco": {"inner_steps": 8, "streaming": {"fragments": 2}}}}  # a group's own section
 # as tests/conftest.py: metrics every second, a lost node declared dead within ~3 s
 SYSTEM_CONFIG = {"metrics_report_interval_ms": 1000, "health_check_period_ms": 1000,
                  "health_check_failure_threshold": 3}
@@ -281,7 +282,7 @@ class Row:
     def spec(self, **changes) -> dict:
         """The row's job spec (a dict), with `changes` merged into its sections."""
         c = self.bench.corpus
-        spec = {"name": self.name, "seed": 0, "group": {"kind": self.group},
+        spec = {"name": self.name, "seed": 0, "group": {"kind": self.group, **KIND_OPTIONS.get(self.group, {})},
                 "learners": {"min": 2, "max": 3, "wait_timeout_s": 90}, "cpus_per_learner": 1,
                 "learner_resources": {"learner_slot": 1},
                 "data": {"train": str(c / "train.jsonl"), "dev": str(c / "dev.jsonl"), "max_batch_seconds": 10},
@@ -930,12 +931,13 @@ class Fault:
     network: bool = False  # on two hosts with links of their own (bench/network_faults.py), as root
 
 
-ALL, BOTH = GROUPS, ("gossip", "allreduce")
+ALL, BOTH = GROUPS[:3], ("gossip", "allreduce")
+EVERY = GROUPS  # the rows every kind, diloco too, is held to (issue 57)
 FAULTS = [
-    Fault("learner-sigkill", ALL, learner_sigkill),
-    Fault("learner-stuck", ALL, learner_stuck),
-    Fault("node-removed", ALL, node_removed),
-    Fault("node-added", ALL, node_added),
+    Fault("learner-sigkill", EVERY, learner_sigkill),
+    Fault("learner-stuck", EVERY, learner_stuck),
+    Fault("node-removed", EVERY, node_removed),
+    Fault("node-added", EVERY, node_added),
     Fault("driver-sigkill", BOTH, driver_sigkill, 420),
     Fault("ctrl-c", BOTH, ctrl_c, 420),
     Fault("sigterm", BOTH, sigterm, 420),
@@ -951,7 +953,7 @@ FAULTS = [
     Fault("stranger-flood", ALL, hostile_faults.stranger_flood),
     Fault("nan-peer", ("gossip", "hierarchical"), hostile_faults.nan_peer),
     Fault("hostile-bucket-shard", BOTH, hostile_faults.hostile_bucket_shard),
-    Fault("host-cut-off", ALL, network_faults.host_cut_off, 420, network=True),
+    Fault("host-cut-off", EVERY, network_faults.host_cut_off, 420, network=True),
     Fault("link-flapping", ALL, network_faults.link_flapping, 420, network=True),
     Fault("link-slow", ALL, network_faults.link_slow, 300, network=True),
 ]
