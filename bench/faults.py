@@ -1020,11 +1020,11 @@ def plot(rows: list[dict], path: Path) -> None:
     from matplotlib.patches import Patch
 
     faults = list(dict.fromkeys(r["fault"] for r in rows))
-    colors = {"gossip": "tab:green", "allreduce": "tab:blue", "hierarchical": "tab:orange"}
-    width = 0.27
+    colors = {"gossip": "tab:green", "allreduce": "tab:blue", "hierarchical": "tab:orange", "diloco": "tab:purple"}
+    width = 0.2
     fig, ax = plt.subplots(figsize=(max(8.0, 0.7 * len(faults) + 3), 5.2))
     for r in rows:
-        x = faults.index(r["fault"]) + (GROUPS.index(r["group"]) - 1) * width
+        x = faults.index(r["fault"]) + (GROUPS.index(r["group"]) - (len(GROUPS) - 1) / 2) * width
         failed = not row_passed(r)
         if r["recover_s"] is not None:
             value = max(r["recover_s"], 0.01)
