@@ -11,6 +11,9 @@ audio per learner per step):
 - Chorus `gossip` (ring ordered by measured speed),
 - Chorus `allreduce` with throughput-balanced shards and batches (`group.balance: true`),
 - Chorus `allreduce` with equal shards and batches (`group.balance: false`),
+- Chorus `diloco` (`--diloco` only, issue 57: with the ideal, gossip and balanced allreduce):
+  rounds of 5 s of wall time (`group.diloco.round_seconds`), in which each learner does what it
+  can, shards and batches by measured speed;
 - Ray Train's `TorchTrainer` (DDP, `harness.ray_train`), equal batches, the slow worker slowed the
   same way (it sleeps (3 - 1) x its compute before its gradients are all-reduced, through a DDP
   comm hook).
@@ -32,8 +35,9 @@ fresh local Ray instance. A contender's fraction is its median samples/s over th
 the per-repeat fractions (over the ideal of the same repeat) give its IQR. Targets: gossip >= 0.85,
 balanced allreduce >= 0.80, each >= 2x Ray Train's fraction.
 
-Writes `bench/results/heterogeneous.json` and `heterogeneous.png`.
-Usage: .venv/bin/python bench/heterogeneous.py [--repeats 5] [--window 60,150]
+Writes `bench/results/heterogeneous.json` and `heterogeneous.png` (with `--diloco`:
+`heterogeneous-diloco.*`, DiLoCo's target 0.85 of the ideal).
+Usage: .venv/bin/python bench/heterogeneous.py [--repeats 5] [--window 60,150] [--diloco]
 """
 
 from __future__ import annotations
@@ -68,10 +72,12 @@ WORK = ROOT / "bench" / "work" / "heterogeneous"
 LEARNERS, SLOW, FACTOR = 4, 3, 3.0
 BATCH_SECONDS = 20  # padded audio seconds per learner per step, every contender
 WINDOW = (60.0, 150.0)  # seconds after a contender's start call
-TARGETS = {"gossip": 0.85, "allreduce_balanced": 0.80}
+TARGETS = {"gossip": 0.85, "allreduce_balanced": 0.80, "diloco": 0.85}
 CONTENDERS = ["independent", "gossip", "allreduce_balanced", "allreduce_equal", "ray_train"]
+DILOCO_CONTENDERS = ["independent", "diloco", "gossip", "allreduce_balanced"]  # --diloco (issue 57)
 GROUPS = {"gossip": ("gossip", True), "allreduce_balanced": ("allreduce", True),
-          "allreduce_equal": ("allreduce", False)}
+          "allreduce_equal": ("allreduce", False), "diloco": ("diloco", True)}
+DILOCO = ["group.diloco.round_seconds=5"]  # rounds of wall time: each learner does what it can in one
 
 
 def job_spec(corpus: Path, kind: str, balance: bool, wall_seconds: float, name: str):
@@ -81,7 +87,7 @@ def job_spec(corpus: Path, kind: str, balance: bool, wall_seconds: float, name: 
         "data.test_unseen_engine=null",
         f"data.max_batch_seconds={BATCH_SECONDS}", f"budget.wall_seconds={wall_seconds}", "budget.epochs=null",
         f"learners={LEARNERS}", "cpus_per_learner=1", f"group.kind={kind}", f"group.balance={str(balance).lower()}",
-        f"simulate.slowdown={{{SLOW}: {FACTOR}}}", f"name={name}"])
+        f"simulate.slowdown={{{SLOW}: {FACTOR}}}", f"name={name}", *(DILOCO if kind == "diloco" else [])])
 
 
 def samples_at(counts: list[tuple[float, int]], t: float) -> float:
@@ -182,18 +188,20 @@ def judge(runs: dict[str, list[float]], details: dict) -> dict:
         contenders[name] = {"samples_per_s": summary(values, 2), "fraction_per_repeat": summary(fractions, 3),
                             "fraction_of_ideal": round(summary(values)["median"] / summary(ideal)["median"], 3),
                             "details": details.get(name, [])}
-    floor = 2 * contenders["ray_train"]["fraction_of_ideal"]
+    floor = 2 * contenders["ray_train"]["fraction_of_ideal"] if "ray_train" in contenders else 0.0
     checks = {name: {"fraction": contenders[name]["fraction_of_ideal"], "target": target,
-                     "twice_ray_train": round(floor, 3),
+                     "twice_ray_train": round(floor, 3) if floor else None,
                      "passed": contenders[name]["fraction_of_ideal"] >= max(target, floor)}
-              for name, target in TARGETS.items()}
+              for name, target in TARGETS.items() if name in contenders}
     return {"contenders": contenders, "checks": checks}
 
 
 def plot(result: dict, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(8.5, 4.4))
-    names = CONTENDERS
-    colors = ["tab:olive", "tab:green", "tab:blue", "tab:cyan", "tab:gray"]
+    names = list(result["contenders"])
+    palette = {"independent": "tab:olive", "gossip": "tab:green", "allreduce_balanced": "tab:blue",
+               "allreduce_equal": "tab:cyan", "ray_train": "tab:gray", "diloco": "tab:purple"}
+    colors = [palette[n] for n in names]
     for x, name in enumerate(names):
         c = result["contenders"][name]
         median, (low, high) = c["fraction_of_ideal"], c["fraction_per_repeat"]["iqr"]
@@ -207,8 +215,10 @@ def plot(result: dict, path: Path) -> None:
         x = names.index(name)
         ax.hlines(target, x - 0.4, x + 0.4, color="red", ls="--", lw=1)
     ax.axhline(1.0, color="black", lw=0.6)
-    ax.set_xticks(range(len(names)), ["ideal:\nindependent", "Chorus\ngossip", "Chorus allreduce\nbalanced",
-                                      "Chorus allreduce\nequal", "Ray Train DDP\nequal"])
+    labels = {"independent": "ideal:\nindependent", "gossip": "Chorus\ngossip",
+              "allreduce_balanced": "Chorus allreduce\nbalanced", "allreduce_equal": "Chorus allreduce\nequal",
+              "ray_train": "Ray Train DDP\nequal", "diloco": "Chorus diloco\nround_seconds 5"}
+    ax.set_xticks(range(len(names)), [labels[n] for n in names])
     ax.set_ylim(0, 1.35)
     ax.set_ylabel("samples/s / ideal's (bars: medians' ratio;\nwhiskers: per-repeat IQR)")
     ax.set_title(f"4 learners, learner {SLOW} slowed {FACTOR:g}x, 2 shared cores, {BATCH_SECONDS} s batches, "
@@ -223,7 +233,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--window", default=f"{WINDOW[0]:g},{WINDOW[1]:g}", help="seconds after each start call")
+    parser.add_argument("--diloco", action="store_true", help="only DiLoCo beside the ideal, gossip and balanced "
+                        "allreduce (issue 57): writes heterogeneous-diloco.json")
     args = parser.parse_args()
+    contenders = DILOCO_CONTENDERS if args.diloco else CONTENDERS
     window = tuple(float(w) for w in args.window.split(","))
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # throwaway local instances
     corpus = WORK / "corpus-2000-0"
@@ -232,12 +245,12 @@ def main() -> int:
     details: dict[str, list[dict]] = {}
     started = time.time()
     runs = interleaved({name: (lambda _r, name=name: run_fresh(name, corpus, window, details))
-                        for name in CONTENDERS}, repeats=args.repeats)
+                        for name in contenders}, repeats=args.repeats)
     result = {"benchmark": "heterogeneous", "learners": LEARNERS, "slowdown": {SLOW: FACTOR},
               "batch_seconds": BATCH_SECONDS, "window_s": list(window), "repeats": args.repeats,
               "wall_s": round(time.time() - started, 1), **judge(runs, details)}
     result["passed"] = all(c["passed"] for c in result["checks"].values())
-    write_results(RESULTS / "heterogeneous.json", result, plot)
+    write_results(RESULTS / ("heterogeneous-diloco.json" if args.diloco else "heterogeneous.json"), result, plot)
     print({name: c["fraction_of_ideal"] for name, c in result["contenders"].items()}, result["checks"])
     return 0 if result["passed"] else 1
 

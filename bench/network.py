@@ -45,6 +45,15 @@ Mbit/s); unshaped, every Chorus contender >= 0.95x Ray Train; IQRs apart whereve
 claimed as a win. Writes `bench/results/network.json` and `network.png` (`network-batch<N>s.*`
 with `--batch-seconds N`).
 
+DiLoCo by link (`--diloco`, issue 57): `diloco` (group.kind diloco, its outer syncs between hosts
+int8 with error feedback, 4 fragments, rounds of 60 s: a fragment's sync every 15 s, overlapping
+the inner steps) on unshaped, 20 Mbit/s and 5 Mbit/s links, and `allreduce` (float32) unshaped,
+interleaved per link, `--repeats` each, the same batch, data and `--budget` (150 s: two rounds and
+a half). Checks: DiLoCo's samples/s at 20 Mbit/s >= 0.95x and at 5 Mbit/s >= 0.90x its own
+unshaped median (a ratio whose IQRs overlap is a tie, said so); the bytes its learners sent per
+sample (summary `sent_bytes_per_sample`, the final sync included) <= 1/50 of allreduce's. Writes
+`network-diloco.json` and `.png`.
+
 What the job's secret costs on the data path (`--secret-cost TREE`, issue 56): gossip and allreduce,
 unshaped, each run by `chorus train` from this checkout (`@after`) and from TREE (`@before`: a
 checkout of the commit before the secret, e.g. `git worktree add /tmp/before 7a29eb3`), the four
@@ -57,6 +66,7 @@ Usage (as root: namespaces and tc; run nothing else heavy beside it):
     .venv/bin/python bench/network.py --links 100mbit,20mbit --skip ablations,time_to_wer \
         --earlier bench/work/network/runs-ef518e6.jsonl   # some links now, the rest from an earlier run
     .venv/bin/python bench/network.py --secret-cost /tmp/before      # before and after the secret
+    .venv/bin/python bench/network.py --diloco --budget 150          # DiLoCo by link (~1 h)
 """
 
 from __future__ import annotations
@@ -91,7 +101,7 @@ from orchestrator.testing.hosts import Hosts  # noqa: E402
 RESULTS = ROOT / "bench" / "results"
 WORK = ROOT / "bench" / "work" / "network"
 HOSTS, CPUS, LEARNERS = 2, 2, 4
-LINKS = {"unshaped": None, "1gbit": "1gbit", "100mbit": "100mbit", "20mbit": "20mbit"}
+LINKS = {"unshaped": None, "1gbit": "1gbit", "100mbit": "100mbit", "20mbit": "20mbit", "5mbit": "5mbit"}
 MODEL = ["model.d_model=256", "model.hidden=520", "model.layers=2", "model.subsample_channels=64"]  # vs_ray_train's 10m
 CHORUS = {  # name -> (group.kind, group.compression, group.topology_aware)
     "allreduce": ("allreduce", "none", True),
@@ -101,7 +111,12 @@ CHORUS = {  # name -> (group.kind, group.compression, group.topology_aware)
     "gossip_none": ("gossip", "none", True),
     "hierarchical_none": ("hierarchical", "none", True),
     "gossip_blind": ("gossip", "int8", False),
+    "diloco": ("diloco", "int8", True),
+    "diloco_none": ("diloco", "none", True),
 }
+DILOCO = ["group.diloco.round_seconds=60", "group.diloco.streaming.fragments=4"]  # a fragment's sync every 15 s
+DILOCO_CONTENDERS, DILOCO_LINKS = ["diloco", "allreduce"], ["unshaped", "20mbit", "5mbit"]
+DILOCO_BASELINE_LINK = "unshaped"  # allreduce runs there only (its bytes per sample are the link's least concern)
 MAIN = ["ray_train", "allreduce", "allreduce_int8", "gossip", "hierarchical"]
 ABLATIONS = ["gossip_none", "hierarchical_none", "gossip_blind"]
 ABLATION_LINKS = ["20mbit"]
@@ -129,6 +144,7 @@ def job_spec(feats: Path, name: str, wall: float, eval_every: float | None):
     `eval_every` (time-to-WER runs), dev every so many seconds and WER_WARMUP_STEPS of warm-up."""
     kind, compression, aware = CHORUS.get(name, ("allreduce", "none", True))
     warmup = [f"optim.warmup_steps={WER_WARMUP_STEPS}"] if eval_every else []
+    warmup += DILOCO if kind == "diloco" else []
     return load_spec(ROOT / "jobs" / "configs" / "tiny.yaml", [
         *MODEL, *warmup, f"data.max_batch_seconds={BATCH_SECONDS}", f"data.train={feats}/train",
         f"data.dev={feats}/dev", "data.test=null",
@@ -177,7 +193,8 @@ def run_chorus(name: str, hosts: Hosts, feats: Path, wall: float, eval_every: fl
     return {"samples_per_s": s["samples_per_s"], "samples": s["samples"], "steps": s["steps"],
             "train_wall_s": s["train_wall_s"], "startup_s": s["startup_s"],
             "sent_per_s": meter.sent_per_s(first, first + s["train_wall_s"]), "dev_wer": s["wer_dev"],
-            "curve": curve, "learner_sent_bytes": s["sent_bytes"], "events": s["events"]}
+            "curve": curve, "learner_sent_bytes": s["sent_bytes"], "events": s["events"],
+            "sent_bytes_per_sample": s["sent_bytes_per_sample"], "group_counters": s["group_counters"]}
 
 
 def run_ray_train(hosts: Hosts, feats: Path, wall: float, eval_every: float | None) -> dict:
@@ -461,6 +478,63 @@ def plot_secret(result: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def diloco_section(args, feats: Path) -> dict:
+    """Issue 57: DiLoCo (int8 between hosts, 4 fragments, rounds of 60 s) on every link of
+    DILOCO_LINKS and allreduce (float32) unshaped, interleaved per link, the same batch and data;
+    samples/s against DiLoCo's own unshaped rate, bytes each learner sent per sample against
+    allreduce's. Writes network-diloco.json and .png."""
+    log, started = WORK / "runs-diloco.jsonl", time.time()
+    log.unlink(missing_ok=True)
+    runs: dict[str, dict[str, list[dict]]] = {}
+    with Hosts(count=HOSTS, cpus=CPUS) as hosts:
+        ray.init(address=hosts.gcs_address, log_to_driver=False, runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
+        try:
+            for link in DILOCO_LINKS:
+                names = DILOCO_CONTENDERS if link == DILOCO_BASELINE_LINK else ["diloco"]
+                runs.update(section(names, [link], hosts, feats, args.budget, None, args.repeats, log))
+        finally:
+            ray.shutdown()
+    stats = throughput_stats(runs)
+    per_sample = {link: {name: summary([r["sent_bytes_per_sample"] for r in rs], 1) for name, rs in by_name.items()}
+                  for link, by_name in runs.items()}
+    own = stats[DILOCO_BASELINE_LINK]["diloco"]["samples_per_s"]
+    checks = {f"diloco {link} / unshaped >= {bound}": {**compare(stats[link]["diloco"]["samples_per_s"], own),
+                                                       "bound": bound}
+              for link, bound in (("20mbit", 0.95), ("5mbit", 0.90)) if link in runs}
+    for check in checks.values():
+        check["held"] = check["ratio"] >= check["bound"]
+    base = per_sample[DILOCO_BASELINE_LINK]
+    ratio = base["diloco"]["median"] / base["allreduce"]["median"]
+    checks["bytes per sample diloco / allreduce <= 1/50"] = {"ratio": round(ratio, 5), "held": ratio <= 1 / 50}
+    return {"benchmark": "network-diloco", "hosts": HOSTS, "cpus_per_host": CPUS, "learners": LEARNERS,
+            "model_overrides": MODEL, "diloco_options": DILOCO, "batch_seconds": args.batch_seconds,
+            "budget_s": args.budget, "repeats": args.repeats, "links": {k: LINKS[k] for k in runs},
+            "contenders": {n: CHORUS[n] for n in DILOCO_CONTENDERS}, "wall_s": round(time.time() - started, 1),
+            "throughput": stats, "sent_bytes_per_sample": per_sample, "checks": checks,
+            "passed": all(c["held"] for c in checks.values()), "runs": runs}
+
+
+def plot_diloco(result: dict, path: Path) -> None:
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(10, 4))
+    for i, link in enumerate(result["runs"]):
+        for name, rs in result["runs"][link].items():
+            x = i + (0.15 if name == "allreduce" else -0.15)
+            color = "tab:gray" if name == "allreduce" else "tab:blue"
+            ax.scatter([x] * len(rs), [r["samples_per_s"] for r in rs], color=color, alpha=0.7,
+                       label=name if i == 0 else None)
+            bx.scatter([x] * len(rs), [r["sent_bytes_per_sample"] / 1e6 for r in rs], color=color, alpha=0.7)
+    for axis in (ax, bx):
+        axis.set_xticks(range(len(result["runs"])), list(result["runs"]))
+    ax.set_ylabel("samples/s (4 learners, 2 hosts)")
+    bx.set_ylabel("MB sent per sample (all learners)")
+    bx.set_yscale("log")
+    ax.legend(fontsize=8)
+    fig.suptitle("DiLoCo (int8, 4 fragments, 60 s rounds) by link; allreduce unshaped", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def results_path(batch_seconds: float) -> Path:
     """results/network.json for tiny.yaml's batches; network-batch<N>s.json for others (another
     setting, not mixed into the first)."""
@@ -483,6 +557,8 @@ def main() -> int:
                         "its complete links that this run does not measure go into the results, named as such "
                         "(`earlier`); with --links '' the results are made from these logs alone")
     parser.add_argument("--batch-seconds", type=float, default=BATCH_SECONDS, help="padded seconds a learner a step")
+    parser.add_argument("--diloco", action="store_true", help="only: DiLoCo by link against its own unshaped rate "
+                        "and allreduce's bytes per sample (issue 57); writes network-diloco.json")
     parser.add_argument("--secret-cost", type=Path, metavar="TREE", help="only: gossip and allreduce unshaped, from "
                         "this checkout and from TREE (the code before the job's secret), interleaved")
     args = parser.parse_args()
@@ -494,6 +570,14 @@ def main() -> int:
         for kind, verdict in result["after_over_before"].items():
             print(f"{kind}: after / before {verdict}")
         return 0
+    if args.diloco:
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+        result = diloco_section(args, corpus())
+        write_results(RESULTS / "network-diloco.json", result, plot_diloco)
+        for key, check in result["checks"].items():
+            print(f"{'ok  ' if check['held'] else 'MISS'} {key}: {check.get('ratio')} ({check.get('verdict', '')})")
+        return 0 if result["passed"] else 1
     if args.table:
         print(markdown(json.loads(results_path(args.batch_seconds).read_text())))
         return 0

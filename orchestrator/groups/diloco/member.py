@@ -10,7 +10,6 @@ import time
 import torch
 import torch.distributed as dist
 
-from orchestrator.groups.checks import finite
 from orchestrator.groups.collectives import broadcast_counters, collective, join_process_group, leave_process_group
 from orchestrator.groups.diloco.outer import NAME, OuterState, fragment_bounds
 from orchestrator.groups.errors import GroupBroken
@@ -103,19 +102,15 @@ class DilocoMember:
         global weights."""
         outer = self.outer
         own_global = outer.global_weights.clone()
-        shared = torch.cat([outer.global_weights, outer.momentum, torch.tensor([float(outer.syncs)])])
-        shared = shared.to(learner.device)
-        collective(dist.broadcast, shared, src=0)
-        n = learner.numel
-        if self.rank != 0:
-            received = shared.cpu()
-            if not finite(received):
-                learner.refusals.refuse("the group's rank 0", "a DiLoCo outer state that is not finite")
-                raise GroupBroken("rank 0's outer state is not finite")
-            with outer.lock:
-                outer.global_weights.copy_(received[:n])
-                outer.momentum.copy_(received[n:2 * n])
-                outer.syncs = int(received[-1])
+        if not self._states_differ(learner):  # (usually: a first group, a newcomer that adopted a peer's)
+            shared = None
+        else:  # 2 x the weights: over a 5 Mbit/s link, a 10M model's took longer than a join may
+            shared = torch.cat([outer.global_weights, outer.momentum, torch.tensor([float(outer.syncs)])])
+            shared = shared.to(learner.device)
+            collective(dist.broadcast, shared, src=0)
+        if shared is not None and self.rank != 0 and not outer.take(shared.cpu()):
+            learner.refusals.refuse("the group's rank 0", "a DiLoCo outer state that is not finite")
+            raise GroupBroken("rank 0's outer state is not finite")
         pending = torch.tensor([float(p) for p in outer.pending], device=learner.device)
         collective(dist.all_reduce, pending)
         if float(pending.sum()) > 0:
@@ -128,6 +123,13 @@ class DilocoMember:
                 outer.catch_ups += 1
         learner.load_flat_weights(outer.global_weights)
         outer.pending = [0] * self.fragments
+
+    def _states_differ(self, learner) -> bool:
+        """Whether the members' outer states differ (`OuterState.fingerprint`): rank 0's is sent then."""
+        mark = self.outer.fingerprint()
+        both = torch.cat([mark, -mark]).to(learner.device)
+        collective(dist.all_reduce, both, dist.ReduceOp.MAX)
+        return not torch.equal(both[:mark.numel()], -both[mark.numel():])
 
     # -- training -------------------------------------------------------------------------------
     def step(self, learner) -> None:

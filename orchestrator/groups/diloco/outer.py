@@ -53,6 +53,25 @@ class OuterState:
             self.syncs += advance
         return not refused
 
+    def take(self, shared: torch.Tensor) -> bool:
+        """Rank 0's state, sent as [global weights, momentum, syncs]; False (nothing taken) if not finite."""
+        if not finite(shared):
+            return False
+        n = self.global_weights.numel()
+        with self.lock:
+            self.global_weights.copy_(shared[:n])
+            self.momentum.copy_(shared[n:2 * n])
+            self.syncs = int(shared[-1])
+        return True
+
+    def fingerprint(self) -> torch.Tensor:
+        """Its syncs and float64 sums of the global weights and momentum: the same bits for the
+        same state on every member (a group compares them before sending a state to all)."""
+        with self.lock:
+            g, m = self.global_weights.double(), self.momentum.double()
+            return torch.stack([torch.tensor(float(self.syncs), dtype=torch.float64), g.sum(), g.abs().sum(),
+                                (g * g).sum(), m.sum(), m.abs().sum()])
+
     def state_dict(self) -> dict:
         with self.lock:
             return {"global": self.global_weights, "momentum": self.momentum, "syncs": self.syncs}

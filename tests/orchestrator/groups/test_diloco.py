@@ -131,6 +131,9 @@ def test_a_re_formed_group_sums_what_its_members_trained_and_starts_them_equal(l
     options, meeting = DilocoOptions(inner_steps=3), learners.meeting()
     fetch([a.join.remote(DilocoMember(i, 2, meeting, options)) for i, a in enumerate(actors)])
     fetch([a.run.remote(100, None, None, 0.0) for a in actors])  # a round: its sync in flight
+    odd = fetch(actors[1].state.remote())  # learner 1's outer state made different: it takes rank 0's
+    odd["group"]["diloco"]["momentum"] = odd["group"]["diloco"]["momentum"] + 1.0
+    fetch(actors[1].load_state.remote(odd))
     meeting = learners.meeting()
     fetch([a.join.remote(DilocoMember(i, 2, meeting, options)) for i, a in enumerate(actors)])
     w0, w1 = fetch([a.weights.remote() for a in actors])
@@ -139,6 +142,7 @@ def test_a_re_formed_group_sums_what_its_members_trained_and_starts_them_equal(l
     outer = [s["group"]["diloco"] for s in states]
     assert torch.equal(outer[0]["global"], w0) and torch.equal(outer[0]["momentum"], outer[1]["momentum"])
     assert float(outer[0]["momentum"].norm()) > 0 and outer[0]["syncs"] == 1
+    assert float(outer[0]["momentum"].abs().max()) < 1.0  # rank 0's, not learner 1's changed one
     fetch([a.close.remote() for a in actors])
 
 
