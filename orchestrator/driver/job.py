@@ -157,9 +157,12 @@ class TrainingJob:
             loop = TrainLoop(self.loop_parts(), self.spec.budget, time.time() - wall_before)
             train_wall = loop.run()
             # what the group's kind settles before the last evaluation (exchanges in flight, on both
-            # sides, in order), on every learner
-            for name in self.group.before_last_evaluation():
-                self.elastic.on_every_learner(lambda slot, name=name: self.group.call(slot.handle, name))
+            # sides, in order), on every learner; a kind whose settling leaves replicas equal (every
+            # learner's last call answered True) has one model evaluated and one state stored
+            answers = [self.elastic.on_every_learner(lambda slot, name=name: self.group.call(slot.handle, name))
+                       for name in self.group.before_last_evaluation()]
+            if answers and self.group.kind.settles_equal and all(a is True for a in answers[-1].values()):
+                self.group.strategy.replicas_equal = True
             self.snapshots.poll(wait=True)
             if loop.losses or not self.evals:  # the end-of-run evaluation (`snapshots.Snapshots`)
                 self.snapshots.begin(mean_loss(loop.losses) if loop.losses else float("nan"), loop.start)

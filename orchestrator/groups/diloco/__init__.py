@@ -126,11 +126,10 @@ class DilocoStrategy(GroupStrategy):
                  "speeds": {str(i): round(roster.live[i].speed, 2) for i in roster.order}})
 
 
-def finish(learner, member, state) -> None:
-    """The job's end, before the last evaluation: `DilocoMember.finish`."""
-    if isinstance(member, DilocoMember):
-        member.finish(learner)
+def finish(learner, member, state) -> bool:
+    """The job's end, before the last evaluation: `DilocoMember.finish` (True: on the global weights)."""
+    return isinstance(member, DilocoMember) and member.finish(learner)
 
 
 KIND = GroupKind(NAME, DilocoStrategy, options=DilocoOptions, process_state=OuterState, calls={"finish": finish},
-                 before_last_evaluation=("finish",))
+                 before_last_evaluation=("finish",), settles_equal=True)

@@ -182,9 +182,7 @@ class DilocoMember:
         trained since its last sync, summed over the members (in a thread unless `blocking`)."""
         a, b = self.bounds[fragment]
         weight = self.outer.pending[fragment]
-        buffer = torch.zeros(b - a + TAIL)
-        buffer[:-TAIL].copy_(delta).mul_(weight)
-        buffer[-2] = float(weight)
+        buffer = torch.cat([delta * weight, torch.tensor([0.0, 0.0, float(weight), 0.0])])
         self.outer.pending[fragment] = 0
         self.by_host.residual = self.outer.residuals.get(fragment)  # each fragment its own error feedback
         sync = Sync(fragment, buffer.to(learner.device), learner.flat_weights()[a:b], weight, self.by_host, learner,
@@ -225,9 +223,9 @@ class DilocoMember:
         learner.add_to_weights(delta)
 
     # -- the end --------------------------------------------------------------------------------
-    def finish(self, learner) -> None:
+    def finish(self, learner) -> bool:
         """Before the last evaluation: the sync in flight landed, what is left synced, every member
-        on the global weights (a member gone meanwhile: each keeps its own, the average is evaluated)."""
+        on the global weights; whether it is (a member gone meanwhile: each keeps its own, False)."""
         try:
             self._wait(learner)
             local = learner.flat_weights()
@@ -238,8 +236,9 @@ class DilocoMember:
                     self._land(learner, self._send(learner, f, self.outer.global_weights[a:b] - local[a:b],
                                                    blocking=True))
             learner.load_flat_weights(self.outer.global_weights)
+            return True
         except GroupBroken:
-            pass
+            return False
 
     def close(self) -> None:
         if self.in_flight is not None:  # a re-form: the members' sync in flight lands (or fails) on all alike
