@@ -48,11 +48,12 @@ with `--batch-seconds N`).
 DiLoCo by link (`--diloco`, issue 57): `diloco` (group.kind diloco, its outer syncs between hosts
 int8 with error feedback, 4 fragments, rounds of 60 s: a fragment's sync every 15 s, overlapping
 the inner steps) on unshaped, 20 Mbit/s and 5 Mbit/s links, and `allreduce` (float32) unshaped,
-interleaved per link, `--repeats` each, the same batch, data and `--budget` (150 s: two rounds and
-a half). Checks: DiLoCo's samples/s at 20 Mbit/s >= 0.95x and at 5 Mbit/s >= 0.90x its own
+interleaved per link, `--repeats` each, the same batch, data and `--budget` (120 s: two rounds).
+Checks: DiLoCo's samples/s at 20 Mbit/s >= 0.95x and at 5 Mbit/s >= 0.90x its own
 unshaped median (a ratio whose IQRs overlap is a tie, said so); the bytes its learners sent per
-sample (summary `sent_bytes_per_sample`, the final sync included) <= 1/50 of allreduce's. Writes
-`network-diloco.json` and `.png`.
+sample (summary `sent_bytes_per_sample`: what they sent while training; the end-of-run sync of
+what is left, at most one int8 copy of the weights a host, comes after and is not in it) <= 1/50
+of allreduce's. Writes `network-diloco.json` and `.png`.
 
 What the job's secret costs on the data path (`--secret-cost TREE`, issue 56): gossip and allreduce,
 unshaped, each run by `chorus train` from this checkout (`@after`) and from TREE (`@before`: a
@@ -66,7 +67,7 @@ Usage (as root: namespaces and tc; run nothing else heavy beside it):
     .venv/bin/python bench/network.py --links 100mbit,20mbit --skip ablations,time_to_wer \
         --earlier bench/work/network/runs-ef518e6.jsonl   # some links now, the rest from an earlier run
     .venv/bin/python bench/network.py --secret-cost /tmp/before      # before and after the secret
-    .venv/bin/python bench/network.py --diloco --budget 150          # DiLoCo by link (~1 h)
+    .venv/bin/python bench/network.py --diloco --budget 120          # DiLoCo by link (~50 min)
 """
 
 from __future__ import annotations
