@@ -48,7 +48,7 @@ from orchestrator.groups.host_reduce import HostReduce, hosts_of, ring_bytes
 from orchestrator.groups.kind import GroupKind
 from orchestrator.groups.overlap import GradientBuckets
 from orchestrator.groups.rendezvous import Meeting
-from orchestrator.groups.strategies import REBALANCE_CHANGE, GroupStrategy, Rebalance, Rendezvous
+from orchestrator.groups.strategies import GroupStrategy, Rebalance, Rendezvous
 
 
 class AllreduceMember:
@@ -160,11 +160,7 @@ class AllreduceStrategy(GroupStrategy):
         return batch_shares(speeds, planned, [roster.live[i].step_compute_s or 0.0 for i in roster.order])
 
     def rebalance(self, roster) -> Rebalance | None:
-        weights, old = self.shard_weights(roster), self.planned[1]
-        if weights is None or (old is not None and len(old) == len(weights) and all(
-                abs(a - b) <= REBALANCE_CHANGE * max(a, b) for a, b in zip(weights, old, strict=True))):
-            return None
-        return Rebalance(replan=True)
+        return self.replan_if_moved(self.shard_weights(roster))
 
     def rebalanced(self, roster) -> tuple[str, dict]:
         live, order, weights = roster.live, roster.order, self.planned[1]

@@ -88,6 +88,15 @@ class GroupStrategy:
         """Adapt to measured speeds: what the driver must do (None: nothing)."""
         return None
 
+    def replan_if_moved(self, weights: list[float] | None) -> Rebalance | None:
+        """A new shard plan (a kind's `rebalance`) when `weights` move a learner's share by more
+        than REBALANCE_CHANGE of the planned one, or none was planned by weight."""
+        old = self.planned[1]
+        if weights is None or (old is not None and len(old) == len(weights) and all(
+                abs(a - b) <= REBALANCE_CHANGE * max(a, b) for a, b in zip(weights, old, strict=True))):
+            return None
+        return Rebalance(replan=True)
+
     def rebalanced(self, roster) -> tuple[str, dict]:
         """Once a `rebalance` is carried out: its event's message and fields."""
         return "rebalanced by measured speed", {}

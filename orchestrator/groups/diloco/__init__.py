@@ -43,7 +43,7 @@ from orchestrator.groups.diloco.member import DilocoMember
 from orchestrator.groups.diloco.outer import NAME, OuterState
 from orchestrator.groups.host_reduce import hosts_of
 from orchestrator.groups.kind import GroupKind
-from orchestrator.groups.strategies import REBALANCE_CHANGE, GroupStrategy, Rebalance, Rendezvous
+from orchestrator.groups.strategies import GroupStrategy, Rebalance, Rendezvous
 
 
 class Streaming(BaseModel):
@@ -113,11 +113,7 @@ class DilocoStrategy(GroupStrategy):
         return [round(s / sum(speeds), 4) for s in speeds]
 
     def rebalance(self, roster) -> Rebalance | None:
-        weights, old = self.shard_weights(roster), self.planned[1]
-        if weights is None or (old is not None and len(old) == len(weights) and all(
-                abs(a - b) <= REBALANCE_CHANGE * max(a, b) for a, b in zip(weights, old, strict=True))):
-            return None
-        return Rebalance(replan=True)
+        return self.replan_if_moved(self.shard_weights(roster))
 
     def rebalanced(self, roster) -> tuple[str, dict]:
         weights = dict(zip(roster.order, self.planned[1], strict=True))

@@ -1,7 +1,6 @@
 """The `diloco` kind: its options, its outer step (against torch's own SGD), its members on real
 Ray learners, and jobs of it through the real driver."""
 
-import time
 
 import pytest
 import torch
@@ -13,7 +12,6 @@ from orchestrator.groups.diloco import DilocoOptions
 from orchestrator.groups.diloco.member import DilocoMember
 from orchestrator.groups.diloco.outer import OuterState, fragment_bounds
 from orchestrator.groups.registry import call
-from orchestrator.testing.groups import FixedLearners
 from tests.builders import assert_nothing_left, linear_spec
 
 
@@ -80,22 +78,6 @@ def test_the_outer_step_is_torchs_sgd_on_the_pseudo_gradient(nesterov):
     again.load_state_dict(saved)
     assert torch.equal(again.global_weights, outer.global_weights) and torch.equal(again.momentum, outer.momentum)
     assert again.syncs == 9
-
-
-@pytest.fixture
-def learners(ray_session):
-    """Learner actors of the tiny linear workload; `make.meeting()` is a meeting for their group."""
-    workload = linear_spec(data__compute_seconds=0.005).workload_config.model_dump(mode="json")
-    made = []
-
-    def make(n):
-        made.append(FixedLearners(f"diloco-{len(made)}-{time.time_ns()}", n, 1.0, "linear", workload))
-        return made[-1].actors
-
-    make.meeting = lambda: made[-1].meeting()
-    yield make
-    for fixed in made:
-        fixed.release()
 
 
 @pytest.mark.ray

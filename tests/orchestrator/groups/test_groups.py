@@ -14,7 +14,6 @@ from orchestrator.driver.metrics import prometheus_names
 from orchestrator.groups.allreduce import AllreduceMember
 from orchestrator.groups.gossip import GossipMember, ring_partners
 from orchestrator.groups.registry import call
-from orchestrator.testing.groups import FixedLearners
 from orchestrator.workload import build_workload
 from tests.builders import assert_nothing_left, linear_spec
 
@@ -54,24 +53,6 @@ def test_ring_partners_are_passive_neighbours():
     for n in range(2, 9):  # every passive position is some active position's partner
         reached = {q for p in range(0, n, 2) for q in ring_partners(p, n)}
         assert reached == set(range(1, n, 2))
-
-
-@pytest.fixture
-def learners(ray_session):
-    """Learner actors of the tiny linear workload (these tests are about the groups), placed
-    with one static shard plan and one secret; `make.meeting()` is a meeting for their process
-    group (`orchestrator/testing/groups.py`)."""
-    workload = linear_spec(data__compute_seconds=0.005).workload_config.model_dump(mode="json")
-    made = []
-
-    def make(n):
-        made.append(FixedLearners(f"test-{len(made)}-{time.time_ns()}", n, 1.0, "linear", workload))
-        return made[-1].actors
-
-    make.meeting = lambda: made[-1].meeting()
-    yield make
-    for fixed in made:
-        fixed.release()
 
 
 @pytest.mark.ray
