@@ -60,8 +60,8 @@ def test_valid_spec_and_overrides(spec_file):
     (["augment.speed_factors=[0.9, 3.0]"], "augment.speed_factors (from --set): speed factors must lie in [0.5, 2.0]"),
     (["augment.noise_snr_db=[30, 10]"], "augment.noise_snr_db (from --set): expected [low, high] with low <= high"),
     (["augment.reverb_prob=1.5"], "augment.reverb_prob (from --set): Input should be less than or equal to 1"),
-    (["group.kind=ring"], "group.kind (from --set): Input should be one of the group kinds: allreduce, gossip, "
-                          "hierarchical"),
+    (["group.kind=ring"], "group.kind (from --set): Input should be one of the group kinds: allreduce, diloco, "
+                          "gossip, hierarchical"),
     (["data.train=/no/such/train.jsonl"],
      "data.train (from --set): no such manifest or directory: '/no/such/train.jsonl'"),
     (["budget.epochs=null", "budget.wall_seconds=null"], "budget: set epochs or wall_seconds"),
