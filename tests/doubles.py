@@ -232,6 +232,7 @@ class SimulatedLearner(FakeLearner):
             device="cpu", ip="10.0.0.1", group_address="10.0.0.1", leave=self._leave,
             set_lr_scale=self._set_lr_scale, model_vector=lambda: torch.full((4,), float(self.step)),
             add_vectors=lambda a, b: a + b, distance_to=lambda total, count: 0.0,
+            weights_digest=lambda: str(self.step),
             save_state=self._save_state, load_state_file=self._load_state_file,
             state=lambda: {"counters": self._counters()}, load_state=self._load_state)
 

@@ -4,8 +4,8 @@ the tensors go learner to learner through Ray's object store and never through t
 each learner measures its own distance to the mean. The driver only wires the calls: O(log N)
 depth, N - 1 additions, no model bytes in its process.
 
-Learners whose weights are equal by construction (allreduce) skip the tree: one replica is the
-average.
+Learners whose weights are equal by construction (allreduce; DiLoCo once settled) skip the tree:
+one replica is the average, and equal digests of their weights stand for distances of 0.
 """
 
 from __future__ import annotations
@@ -27,3 +27,15 @@ def model_sum(handles: list) -> tuple[object, list]:
 def distances(handles: list, total, count: int) -> list:
     """Refs of each learner's L2 distance (trainable weights) to the mean `total / count`."""
     return [h.distance_to.remote(total, count) for h in handles]
+
+
+def digests_equal(runtime, handles: list) -> bool:
+    """Whether every learner's weights have the same digest (`weights_digest`: a few bytes each,
+    where a distance moves the whole model to every node). False where one failed to answer: the
+    distances then fail with it, and the snapshot is taken again."""
+    try:
+        return len(set(runtime.get([h.weights_digest.remote() for h in handles]))) == 1
+    except Exception as exc:  # noqa: BLE001 - a learner died meanwhile
+        if not runtime.failed_remotely(exc):
+            raise
+        return False

@@ -9,9 +9,12 @@ learners whose states differ write them to the run's store (`state_store.py`; al
 with every learner's counters). A lockstep group waits
 only for the learners' part (a copy of the weights: milliseconds) before its next round, so the
 weights and counters belong to one step; free-running learners go on at once (each learner's
-state is taken atomically under its weight lock). `finish()` — once `ready()` — gives the
-evaluation record and the checkpoint's manifest (`job_checkpoint.py`): file names, sizes and
-counters, no weights. The driver keeps them and the job's curve (`driver/snapshots.py`).
+state is taken atomically under its weight lock). Replicas equal by construction are checked by a
+digest of each learner's weights: equal ones are 0 from the mean without a model crossing a link
+(a 40 MB model to each node took minutes at 5 Mbit/s); any that differ are measured.
+`finish()` — once `ready()` — gives the evaluation record and the checkpoint's manifest
+(`job_checkpoint.py`): file names, sizes and counters, no weights. The driver keeps them and the
+job's curve (`driver/snapshots.py`).
 
 What passes through the driver per snapshot is counted (`driver_bytes`): a few kilobytes,
 whatever the model's size or the number of learners.
@@ -74,8 +77,10 @@ class Snapshot:
             (total, leaves), self.count = consensus.model_sum(handles), len(handles)
         self.evaluation = runtime.submit(run.elastic.service, "evaluate", run.workload_args, total, self.count,
                                          ["dev"], root, model_file(self.step))
-        self.distances = dict(zip(consensus.distances(handles, total, self.count), self.ids, strict=True)) \
-            if len(handles) > 1 else {}
+        self.distances, self.equal = {}, len(handles) > 1 and run.group.strategy.replicas_equal and \
+            consensus.digests_equal(runtime, handles)
+        if len(handles) > 1 and not self.equal:
+            self.distances = dict(zip(consensus.distances(handles, total, self.count), self.ids, strict=True))
         writers = set(run.group.strategy.state_writers(self.ids))
         self.entries = {(h.save_state.remote(run.store, state_file(self.step, i)) if i in writers
                          else h.counters.remote()): i for i, h in zip(self.ids, handles, strict=True)}
@@ -105,6 +110,7 @@ class Snapshot:
             run.elastic.drop(learner_id, error)
         try:
             distances, lost = runtime.gather(dict(self.distances))
+            distances += [(i, 0.0) for i in self.ids] if self.equal else []
             result, plan = runtime.get(self.evaluation), runtime.get(self.plan)
         except Exception as exc:  # noqa: BLE001 - the tree lost a learner: its sum failed
             if not (failed or runtime.failed_remotely(exc)):

@@ -5,6 +5,7 @@ checks."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import threading
@@ -180,6 +181,14 @@ class LearnerService(SimulatedFaults):
         """The model's floating-point state as one flat CPU tensor (`base/flat.py`)."""
         with self.learner.lock:
             return flat_state.to_vector(self.learner.model)
+
+    @ray.method(concurrency_group="mix")
+    def weights_digest(self) -> str:
+        """A digest of the model's floating-point state: learners whose digests are equal hold equal
+        weights, so a snapshot knows their distance to the mean (0) without moving a model."""
+        with self.learner.lock:
+            vector = flat_state.to_vector(self.learner.model)
+        return hashlib.blake2b(vector.numpy().tobytes(), digest_size=16).hexdigest()
 
     @ray.method(concurrency_group="mix")
     def add_vectors(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
