@@ -142,3 +142,37 @@ def test_two_learner_diloco_job_trains_counts_its_rounds_and_leaves_nothing_behi
     assert rounds[0] == rounds[1] >= 2 * 3 * 16 // 4 // 2 - 2  # 16 batches a shard an epoch, 4 steps a round
     assert summary["sent_bytes_per_sample"] > 0
     assert_nothing_left(f"{summary['job_id']}/", placement_groups=2)
+
+
+class _ResumedJob(TrainingJob):
+    """The real job, which also keeps what its learners hold once its checkpoint is restored (before
+    the group forms) beside what the checkpoint's files hold."""
+
+    def _restore(self, checkpoint, slots):
+        wall = super()._restore(checkpoint, slots)
+        self.restored = {s.id: fetch(s.handle.state.remote())["group"]["diloco"] for s in slots}
+        self.saved = {s.id: self.store.read(checkpoint.states[s.id]["file"])["group"]["diloco"] for s in slots}
+        return wall
+
+
+@pytest.mark.slow
+def test_a_resumed_diloco_job_takes_its_checkpoints_outer_state_and_goes_on(ray_session, tmp_path):
+    """A DiLoCo job stopped after 2 epochs, resumed for a third: its learners come back with the
+    checkpoint's global weights, outer momentum and sync count, and the run goes on from there."""
+    group = {"kind": "diloco", "diloco": {"inner_steps": 4, "streaming": {"fragments": 2}}}
+    spec = {"name": "g-diloco-resume", "learners": 2, "data__eval_splits": ["dev"], "group": group}
+    first = TrainingJob(linear_spec(budget__epochs=2, **spec), tmp_path).run()
+    records = []
+    resumed = _ResumedJob(linear_spec(budget__epochs=3, **spec), tmp_path, resume=True, report=records.append)
+    summary = resumed.run()
+    assert set(resumed.restored) == {0, 1}
+    for learner_id, outer in resumed.restored.items():
+        saved = resumed.saved[learner_id]
+        assert float(saved["momentum"].norm()) > 0 and saved["syncs"] > 0
+        assert torch.equal(outer["momentum"], saved["momentum"]) and torch.equal(outer["global"], saved["global"])
+        assert outer["syncs"] == saved["syncs"]
+    assert [r["epoch"] for r in records] == [3] and summary["samples"] == 3 * 512
+    syncs_before = [c["diloco"]["syncs"] for c in first["group_counters"].values()]
+    syncs_after = [c["diloco"]["syncs"] for c in summary["group_counters"].values()]
+    assert all(a > b for a, b in zip(syncs_after, syncs_before, strict=True))  # counted on, not from 0
+    assert_nothing_left(f"{summary['job_id']}/", placement_groups=2)
