@@ -8,6 +8,9 @@ allreduce pair plus a single learner, whose leaders gossip). Learners get one CP
 the machine has 2 cores, so 3 learners share them. Results are written after every configuration:
 `bench/results/groups.json` and `groups.png` (dev WER against wall time, one line per run).
 
+DiLoCo (issue 57) runs with its defaults (50 inner steps a round, no compression on one machine);
+`--only gossip-2,diloco-2` is the demo's comparison: 2 learners of each in the same run.
+
 Usage: .venv/bin/python bench/groups.py [--only gossip-2,allreduce-3] [--wall-seconds 345]
 """
 
@@ -87,7 +90,7 @@ def main() -> int:
     RESULTS.mkdir(parents=True, exist_ok=True)
     corpus = WORK / "corpus-2000-0"
     synthesize(corpus, utterances=2000, eval_utterances=200, seed=0, progress=False)
-    configs = [(k, n) for n in (2, 3) for k in ("gossip", "allreduce", "hierarchical")]
+    configs = [(k, n) for n in (2, 3) for k in ("gossip", "allreduce", "hierarchical", "diloco")]
     if args.only:
         wanted = set(args.only.split(","))
         configs = [(k, n) for k, n in configs if f"{k}-{n}" in wanted]
