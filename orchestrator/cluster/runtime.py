@@ -295,17 +295,21 @@ def runtime_for(spec, distributed: bool | None = None) -> RayRuntime | LocalRunt
 
 
 def fetch(values):
-    """ray.get for object refs, in-process results (`Done`) unwrapped: for tests and benchmarks
-    that hold learner handles of either kind."""
+    """ray.get for object refs, in-process results (`Done`) unwrapped, values sent in pieces
+    (`base/pieces.py`) put together: for tests and benchmarks that hold learner handles of either kind."""
     import ray
+
+    from orchestrator.base import pieces
 
     if isinstance(values, list):
         if values and all(isinstance(v, ray.ObjectRef) for v in values):
-            return ray.get(values)
+            return [fetch(v) for v in ray.get(values)]
         return [fetch(v) for v in values]
     if isinstance(values, Done):
-        return values.value
-    return ray.get(values) if isinstance(values, ray.ObjectRef) else values
+        return fetch(values.value)
+    if isinstance(values, ray.ObjectRef):
+        return fetch(ray.get(values))
+    return pieces.take(values) if isinstance(values, pieces.Pieces) else values
 
 
 def _values(args: tuple) -> list:

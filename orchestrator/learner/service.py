@@ -15,6 +15,7 @@ import ray
 import torch
 
 from orchestrator.base import flat as flat_state
+from orchestrator.base import pieces
 from orchestrator.groups.errors import GroupBroken
 from orchestrator.groups.guard import STRANGER, STRANGERS
 from orchestrator.groups.links import bind_address
@@ -141,26 +142,28 @@ class LearnerService(SimulatedFaults):
         return plugin.calls[call](self.learner, self.group, self.learner.kind_states.get(plugin, self.learner), *args)
 
     @ray.method(concurrency_group="mix")
-    def average(self, other: torch.Tensor) -> torch.Tensor:
-        """One pairwise average through the object store (a leaving learner's handover)."""
+    def average(self, other: pieces.Pieces) -> None:
+        """One pairwise average with another learner's `weights` (a leaving learner's handover)."""
         if self._exit_in_average:  # a simulated death mid-exchange (tests and bench/faults.py only)
             os._exit(1)
-        return self.learner.average(other)
+        self.learner.average(pieces.take(other))
 
     @ray.method(concurrency_group="mix")
-    def weights(self) -> torch.Tensor:
-        return self.learner.flat_weights()
+    def weights(self) -> pieces.Pieces:
+        """The trainable weights, flat, in pieces (`base/pieces.py`: values that may cross a slow link)."""
+        return pieces.put(self.learner.flat_weights())
 
     @ray.method(concurrency_group="mix")
     def load_weights(self, flat: torch.Tensor) -> None:
         self.learner.load_flat_weights(flat)
 
     @ray.method(concurrency_group="mix")
-    def state(self) -> dict:
-        return self.learner.state()
+    def state(self) -> pieces.Pieces:
+        """`Learner.state`, in pieces (a newcomer takes it from a live learner, maybe across a slow link)."""
+        return pieces.put(self.learner.state())
 
-    def load_state(self, state: dict, adopt: bool = False) -> None:
-        self.learner.load_state(state, adopt)
+    def load_state(self, state: pieces.Pieces, adopt: bool = False) -> None:
+        self.learner.load_state(pieces.take(state), adopt)
 
     # -- checkpoints and evaluation, without the driver holding a model ---------------------------
     @ray.method(concurrency_group="mix")
@@ -177,10 +180,11 @@ class LearnerService(SimulatedFaults):
         self.learner.load_state({**state, "counters": entry.get("counters", state["counters"])}, adopt)
 
     @ray.method(concurrency_group="mix")
-    def model_vector(self) -> torch.Tensor:
-        """The model's floating-point state as one flat CPU tensor (`base/flat.py`)."""
+    def model_vector(self) -> pieces.Pieces:
+        """The model's floating-point state as one flat CPU tensor (`base/flat.py`), in pieces."""
         with self.learner.lock:
-            return flat_state.to_vector(self.learner.model)
+            vector = flat_state.to_vector(self.learner.model)
+        return pieces.put(vector)
 
     @ray.method(concurrency_group="mix")
     def weights_digest(self) -> str:
@@ -191,13 +195,14 @@ class LearnerService(SimulatedFaults):
         return hashlib.blake2b(vector.numpy().tobytes(), digest_size=16).hexdigest()
 
     @ray.method(concurrency_group="mix")
-    def add_vectors(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    def add_vectors(self, a: pieces.Pieces, b: pieces.Pieces) -> pieces.Pieces:
         """a + b: one node of the tree in which learners sum their models (`consensus.py`)."""
-        return a + b
+        return pieces.put(pieces.take(a) + pieces.take(b))
 
     @ray.method(concurrency_group="mix")
-    def distance_to(self, total: torch.Tensor, count: int) -> float:
+    def distance_to(self, total: pieces.Pieces, count: int) -> float:
         """L2 distance of this learner's trainable weights to those of the mean `total / count`."""
+        total = pieces.take(total)
         if self._trainable is None:
             self._trainable = flat_state.trainable_mask(self.learner.model)
         with self.learner.lock:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ray
 
+from orchestrator.base import pieces
 from orchestrator.groups.rendezvous import BoardHost
 from orchestrator.service.evaluator import Evaluator
 from orchestrator.service.shards import ShardPlanner
@@ -37,8 +38,9 @@ class JobService(ShardPlanner, BoardHost):
     @ray.method(concurrency_group="eval")
     def evaluate(self, workload: tuple, total, count: int, splits: list[str], store_root: str | None = None,
                  model_name: str | None = None) -> dict:
-        """`Evaluator.evaluate`; `workload` is (name, config, seed)."""
-        return self._evaluator_for(workload).evaluate(total, count, splits, store_root, model_name)
+        """`Evaluator.evaluate` of the learners' `total` (sent in pieces: `base/pieces.py`); `workload` is (name,
+        config, seed)."""
+        return self._evaluator_for(workload).evaluate(pieces.take(total), count, splits, store_root, model_name)
 
     @ray.method(concurrency_group="eval")
     def score(self, workload: tuple, splits: list[str]) -> dict:

@@ -5,6 +5,7 @@ Ray learners, and jobs of it through the real driver."""
 import pytest
 import torch
 
+from orchestrator.base import pieces
 from orchestrator.cluster.runtime import fetch
 from orchestrator.driver.config import SpecError, parse_spec
 from orchestrator.driver.job import TrainingJob
@@ -115,7 +116,7 @@ def test_a_re_formed_group_sums_what_its_members_trained_and_starts_them_equal(l
     fetch([a.run.remote(100, None, None, 0.0) for a in actors])  # a round: its sync in flight
     odd = fetch(actors[1].state.remote())  # learner 1's outer state made different: it takes rank 0's
     odd["group"]["diloco"]["momentum"] = odd["group"]["diloco"]["momentum"] + 1.0
-    fetch(actors[1].load_state.remote(odd))
+    fetch(actors[1].load_state.remote(pieces.put(odd)))
     meeting = learners.meeting()
     fetch([a.join.remote(DilocoMember(i, 2, meeting, options)) for i, a in enumerate(actors)])
     w0, w1 = fetch([a.weights.remote() for a in actors])
