@@ -41,7 +41,8 @@ WALL_LIMIT = 360.0
 NODE_CPUS = {2: [1, 1], 3: [2, 1]}
 
 
-def run_one(kind: str, learners: int, corpus: Path, wall_seconds: float) -> dict:
+def run_one(kind: str, learners: int, corpus: Path, wall_seconds: float, overrides: tuple[str, ...] = ()) -> dict:
+    """One job of tiny.yaml with `learners` learners of group `kind` on its own cluster (spec `overrides` last)."""
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": NODE_CPUS[learners][0],
                                                              "include_dashboard": False})
     for cpus in NODE_CPUS[learners][1:]:
@@ -51,7 +52,7 @@ def run_one(kind: str, learners: int, corpus: Path, wall_seconds: float) -> dict
     try:
         spec = load_spec(ROOT / "jobs" / "configs" / "tiny.yaml", [
             *data_overrides(corpus), f"budget.wall_seconds={wall_seconds}",
-            "budget.epochs=null", f"learners={learners}", f"group.kind={kind}", f"name={kind}-{learners}"])
+            "budget.epochs=null", f"learners={learners}", f"group.kind={kind}", f"name={kind}-{learners}", *overrides])
         job = TrainingJob(spec, WORK / f"{kind}-{learners}",
                           report=lambda r: print(f"[{kind}-{learners}]", format_eval(r), flush=True),
                           overwrite=True)
