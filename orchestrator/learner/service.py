@@ -12,7 +12,6 @@ import threading
 import time
 
 import ray
-import torch
 
 from orchestrator.base import flat as flat_state
 from orchestrator.base import pieces
@@ -152,10 +151,6 @@ class LearnerService(SimulatedFaults):
     def weights(self) -> pieces.Pieces:
         """The trainable weights, flat, in pieces (`base/pieces.py`: values that may cross a slow link)."""
         return pieces.put(self.learner.flat_weights())
-
-    @ray.method(concurrency_group="mix")
-    def load_weights(self, flat: torch.Tensor) -> None:
-        self.learner.load_flat_weights(flat)
 
     @ray.method(concurrency_group="mix")
     def state(self) -> pieces.Pieces:
