@@ -22,7 +22,10 @@ a slow link costs no waiting while a sync's bytes take less than a round / F to 
 The driver runs the group in lockstep: one learner's chunk is one round / F. At its end the
 members take one small exact all-reduce (a barrier; what every member still has of its epoch's
 shard: when nobody has any, all start the next epoch together), then the sync starts; epochs,
-evaluations, joins and leaves happen between rounds. The group is elastic:
+evaluations, joins and leaves happen between rounds. A chunk that every member ended because its
+part of the epoch was used up sends no sync (it would first wait for the sync in flight: a slow
+link's transfer time): the next chunk, in the next epoch, goes on with the same round. The group is
+elastic:
 - a re-formed group (a member died, left, was found stuck and dropped, or one joined) takes rank
   0's global weights and outer state (a newcomer also adopted a live peer's state: `kind_states.py`),
   then sums what each member trained since its last sync that landed (a sync a dead member broke

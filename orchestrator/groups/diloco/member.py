@@ -1,5 +1,5 @@
-"""One learner's part of a `diloco` group (`DilocoMember`): inner steps, the round's barrier, its
-fragment's outer sync in a thread of its own (`Sync`) and the outer step when it lands, the
+"""One learner's part of a `diloco` group (`DilocoMember`): inner steps, where its round stands
+(`RoundClock`), the round's barrier, its fragment's outer sync in a thread of its own (`Sync`) and the outer step when it lands, the
 agreement of a (re-)formed group and the end of the run (see the package's docstring)."""
 
 from __future__ import annotations
@@ -50,6 +50,37 @@ class Sync:
             self._thread.join()
 
 
+class RoundClock:
+    """Where one learner's round / F stands (a chunk of `group.diloco`'s round): the inner steps
+    it took and when it ends, `inner_steps` / F or `round_seconds` / F; it outlives a chunk that
+    the epoch's end cut short, and restarts when the round's sync is sent."""
+
+    def __init__(self, options, fragments: int):
+        self.steps = -(-options.inner_steps // fragments) if options.inner_steps else None
+        self.seconds = options.round_seconds / fragments if options.round_seconds else None
+        self.step_s = 0.0  # a rolling mean of the inner steps' seconds (a timed round starts none it cannot end)
+        self.restart()
+
+    def restart(self) -> None:
+        self.done, self.ends = 0, None
+
+    def begin(self) -> None:
+        """A chunk begins: a timed round's clock starts with its first chunk."""
+        if self.seconds is not None and self.ends is None:
+            self.ends = time.time() + self.seconds
+
+    def over(self, taken: int) -> bool:
+        """Whether the round is over, `taken` steps into this chunk (a chunk takes one at least): its
+        steps done, or the next step would end after its seconds (a fast learner would wait for it)."""
+        if self.steps is not None:
+            return self.done >= self.steps
+        return bool(taken) and time.time() + self.step_s > self.ends
+
+    def took(self, seconds: float) -> None:
+        self.done += 1
+        self.step_s = 0.8 * self.step_s + 0.2 * seconds if self.step_s else seconds
+
+
 class DilocoMember:
     """One learner's part of a DiLoCo group (see the module's docstring).
 
@@ -76,7 +107,7 @@ class DilocoMember:
         self.bounds: list[tuple[int, int]] = []
         self.in_flight: Sync | None = None
         self._learner = None  # the learner it was set up in (a re-form's `close` lands its sync there)
-        self._step_s = 0.0  # a rolling mean of its inner steps' seconds (a timed round starts none it cannot end)
+        self.clock = RoundClock(options, self.fragments)
 
     # -- forming --------------------------------------------------------------------------------
     def setup(self, learner) -> None:
@@ -133,49 +164,50 @@ class DilocoMember:
 
     # -- training -------------------------------------------------------------------------------
     def step(self, learner) -> None:
-        """One round / F: inner steps until it is over (its steps or seconds, the job's deadline, a
-        leave, or this learner's part of the epoch used up), the members' barrier, then this
-        round's fragment sent; the chunk ends here for every member."""
-        options, outer = self.options, self.outer
-        steps = -(-options.inner_steps // self.fragments) if options.inner_steps else None
-        ends = time.time() + options.round_seconds / self.fragments if options.round_seconds else None
-        done = 0
-        while not (steps is not None and done >= steps):
-            if ends is not None and done and time.time() + self._step_s > ends:
-                break  # the next step would end after the round: a fast learner would wait for it
+        """One round / F (`RoundClock`), ended early by the job's deadline, a leave or this learner's
+        part of the epoch used up; the members' barrier; the round's fragment sent if any member's
+        round is over (a chunk all ended at the epoch's end sends none: waiting there for the sync in
+        flight would cost a slow link's transfer; the next goes on with the round). All end here."""
+        clock, outer = self.clock, self.outer
+        clock.begin()
+        taken, over = 0, True
+        while not clock.over(taken):
             if learner.wants_to_stop(chunk=False):
                 break
             if self.in_flight is not None and self.in_flight.done():  # landed meanwhile: its outer step now
                 self._wait(learner)
             batch = learner.next_batch()
             if batch is None:
+                over = False
                 break
             started = time.perf_counter()
             learner.apply_step(learner.forward_backward(batch), batch.size)
-            took = time.perf_counter() - started
-            self._step_s = 0.8 * self._step_s + 0.2 * took if self._step_s else took
+            clock.took(time.perf_counter() - started)
             outer.pending = [p + batch.size for p in outer.pending]
-            done += 1
+            taken += 1
             with learner.waiting_on_group():  # each inner step is judged on its own by the watchdog
                 pass
-        left = self._barrier(learner)
-        self._wait(learner)
-        fragment = outer.syncs % self.fragments
-        a, b = self.bounds[fragment]
-        self.in_flight = self._send(learner, fragment, outer.global_weights[a:b] - learner.flat_weights()[a:b])
+        left, over = self._barrier(learner, over)
+        if over:
+            self._wait(learner)
+            fragment = outer.syncs % self.fragments
+            a, b = self.bounds[fragment]
+            self.in_flight = self._send(learner, fragment, outer.global_weights[a:b] - learner.flat_weights()[a:b])
+            clock.restart()
         if left == 0:
             learner.start_next_epoch()
         learner.group_stops = True
 
-    def _barrier(self, learner) -> float:
-        """The members' small exact all-reduce at a round's end: the batches their shards have left."""
-        tail = torch.tensor([float(learner.batches_left())], device=learner.device)
+    def _barrier(self, learner, over: bool) -> tuple[float, bool]:
+        """The members' small exact all-reduce at a chunk's end: the batches their shards have left,
+        and whether any member's round is over."""
+        tail = torch.tensor([float(learner.batches_left()), float(over)], device=learner.device)
         start = time.perf_counter()
         with learner.waiting_on_group():
             collective(dist.all_reduce, tail)
         learner.comm_s += time.perf_counter() - start
         learner.count_sent(ring_bytes(tail.numel() * 4, self.world_size))
-        return float(tail[0])
+        return float(tail[0]), float(tail[1]) > 0
 
     def _send(self, learner, fragment: int, delta: torch.Tensor, blocking: bool = False) -> Sync:
         """Fragment `fragment`'s pseudo-gradient `delta` (global - local), weighted by the samples

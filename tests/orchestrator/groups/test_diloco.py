@@ -106,6 +106,26 @@ def test_members_sync_fragments_in_turn_and_end_on_the_same_global_weights(learn
 
 
 @pytest.mark.ray
+def test_an_epochs_end_inside_a_round_sends_no_sync_and_the_round_goes_on(learners):
+    """Rounds of 6 inner steps over shards of 16 batches: the third chunk ends after 4 steps, with
+    the epoch, and sends no sync (a sync there would wait for the one in flight); the next chunk
+    takes the round's last 2 steps in the next epoch and syncs: 3 syncs for 3 rounds, not 4."""
+    actors = learners(2)
+    meeting = learners.meeting()
+    fetch([a.join.remote(DilocoMember(i, 2, meeting, DilocoOptions(inner_steps=6))) for i, a in enumerate(actors)])
+    chunks = [fetch([a.run.remote(100, None, None, 0.0) for a in actors]) for _ in range(4)]
+    assert [[len(s["step_seconds"]) for s in stats] for stats in chunks] == [[6, 6], [6, 6], [4, 4], [2, 2]]
+    assert [[s["epoch"] for s in stats] for stats in chunks] == [[0, 0], [0, 0], [1, 1], [1, 1]]
+    fetch([call(a, "diloco", "finish") for a in actors])
+    counters = fetch([a.counters.remote() for a in actors])
+    assert [c["group"]["diloco"]["syncs"] for c in counters] == [3, 3]
+    assert all(c["step"] == 18 for c in counters)
+    w0, w1 = fetch([a.weights.remote() for a in actors])
+    assert torch.equal(w0, w1)
+    fetch([a.close.remote() for a in actors])
+
+
+@pytest.mark.ray
 def test_a_re_formed_group_sums_what_its_members_trained_and_starts_them_equal(learners):
     """A group re-formed mid-round (its members' syncs in flight land at the re-form; what they
     trained since is summed by the new group) starts every member on the same global weights,
