@@ -1,6 +1,7 @@
 """One learner's part of a `diloco` group (`DilocoMember`): inner steps, where its round stands
-(`RoundClock`), the round's barrier, its fragment's outer sync in a thread of its own (`Sync`) and the outer step when it lands, the
-agreement of a (re-)formed group and the end of the run (see the package's docstring)."""
+(`RoundClock`), the round's barrier, its fragment's outer sync in a thread of its own (`Sync`) and
+the outer step when it lands, the agreement of a (re-)formed group and the end of the run (see the
+package's docstring)."""
 
 from __future__ import annotations
 
