@@ -20,11 +20,15 @@ becomes the new global plus what it trained since the sync was sent (the eager/d
 a slow link costs no waiting while a sync's bytes take less than a round / F to cross.
 
 The driver runs the group in lockstep: one learner's chunk is one round / F. At its end the
-members take one small exact all-reduce (a barrier; what every member still has of its epoch's
-shard: when nobody has any, all start the next epoch together), then the sync starts; epochs,
-evaluations, joins and leaves happen between rounds. A chunk that every member ended because its
-part of the epoch was used up sends no sync (it would first wait for the sync in flight: a slow
-link's transfer time): the next chunk, in the next epoch, goes on with the same round. The group is
+members take one small exact all-reduce (a barrier), then the sync starts; evaluations, joins and
+leaves happen between rounds. Epochs are each learner's own, as in gossip: a learner whose part of
+an epoch is used up moves on to its next epoch inside the round (parts are cut by measured speed,
+so they end at about the same time; an error in them costs no waiting). Only the last epoch of
+`budget.epochs` is ended together: a learner that has used its part up takes no more steps, and
+when the barrier finds every member in that epoch with nothing left, all end it (a chunk that all
+ended so sends no sync: it would first wait for the sync in flight, a slow link's transfer time).
+Before 2026-11-29 every epoch was ended so, together: in `bench/heterogeneous.py` (one learner 3x
+slow, rounds of 5 s, an epoch ~10 s) fast learners idled at each epoch's end. The group is
 elastic:
 - a re-formed group (a member died, left, was found stuck and dropped, or one joined) takes rank
   0's global weights and outer state (a newcomer also adopted a live peer's state: `kind_states.py`),
@@ -104,8 +108,8 @@ class DilocoStrategy(GroupStrategy):
         hosts = hosts_of([roster.live[i].node or "" for i in roster.order]) if self.spec.group.topology_aware \
             else None
         options = self.spec.group.options or DilocoOptions()
-        return [DilocoMember(i, len(handles), meeting, options, backend, hosts, self.compression, self.interface)
-                for i in range(len(handles))]
+        return [DilocoMember(i, len(handles), meeting, options, backend, hosts, self.compression, self.interface,
+                             max_epochs=self.spec.budget.epochs) for i in range(len(handles))]
 
     def shard_weights(self, roster) -> list[float] | None:
         """By measured speed (`group.balance`): every learner's part of an epoch, and its batches,

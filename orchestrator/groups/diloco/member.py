@@ -11,7 +11,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from orchestrator.groups.collectives import broadcast_counters, collective, join_process_group, leave_process_group
+from orchestrator.groups.collectives import collective, join_process_group, leave_process_group
 from orchestrator.groups.diloco.outer import NAME, OuterState, fragment_bounds
 from orchestrator.groups.errors import GroupBroken
 from orchestrator.groups.guard import STRANGERS, verify_members
@@ -91,6 +91,7 @@ class DilocoMember:
     hosts: every host's ranks (`host_reduce.hosts_of`): sums are taken host by host.
     compression: how sums cross between hosts (`group.compression`).
     interface: `group.interface` (None: the node address's).
+    max_epochs: `budget.epochs` (None: none); each member ends its last epoch with the others.
     """
 
     lockstep = True
@@ -98,8 +99,9 @@ class DilocoMember:
 
     def __init__(self, rank: int, world_size: int, meeting, options, backend: str = "gloo",
                  hosts: list[list[int]] | None = None, compression: str = "none", interface: str | None = None,
-                 timeout_s: float = 120):
+                 timeout_s: float = 120, max_epochs: int | None = None):
         self.rank, self.world_size, self.meeting, self.options = rank, world_size, meeting, options
+        self.max_epochs = max_epochs
         self.backend, self.hosts, self.compression, self.interface = backend, hosts, compression, interface
         self.timeout_s = timeout_s
         self.fragments = options.streaming.fragments
@@ -124,7 +126,6 @@ class DilocoMember:
         self.outer.begin(learner, self.fragments)
         self.bounds = fragment_bounds(learner.numel, self.fragments)
         self._agree(learner)
-        broadcast_counters(learner, self.rank)
         guard.apply()
         STRANGERS.watch(port for _, port in guard.filtered)
 
@@ -165,10 +166,11 @@ class DilocoMember:
 
     # -- training -------------------------------------------------------------------------------
     def step(self, learner) -> None:
-        """One round / F (`RoundClock`), ended early by the job's deadline, a leave or this learner's
-        part of the epoch used up; the members' barrier; the round's fragment sent if any member's
-        round is over (a chunk all ended at the epoch's end sends none: waiting there for the sync in
-        flight would cost a slow link's transfer; the next goes on with the round). All end here."""
+        """One round / F (`RoundClock`), ended early by the job's deadline, a leave or its last
+        epoch's part used up (an earlier epoch's end it passes alone: `move_on_alone`); the members'
+        barrier; the round's fragment sent if any member's round is over (a chunk that all ended at
+        their last epoch's end sends none: waiting there for the sync in flight would cost a slow
+        link's transfer). All end here."""
         clock, outer = self.clock, self.outer
         clock.begin()
         taken, over = 0, True
@@ -178,7 +180,9 @@ class DilocoMember:
             if self.in_flight is not None and self.in_flight.done():  # landed meanwhile: its outer step now
                 self._wait(learner)
             batch = learner.next_batch()
-            if batch is None:
+            if batch is None and move_on_alone(learner, self.max_epochs):
+                batch = learner.next_batch()
+            if batch is None:  # its last epoch's part used up (or a newcomer's first part not yet planned)
                 over = False
                 break
             started = time.perf_counter()
@@ -188,27 +192,16 @@ class DilocoMember:
             taken += 1
             with learner.waiting_on_group():  # each inner step is judged on its own by the watchdog
                 pass
-        left, over = self._barrier(learner, over)
+        left, over, level = barrier(learner, over, self.world_size)
         if over:
             self._wait(learner)
             fragment = outer.syncs % self.fragments
             a, b = self.bounds[fragment]
             self.in_flight = self._send(learner, fragment, outer.global_weights[a:b] - learner.flat_weights()[a:b])
             clock.restart()
-        if left == 0:
+        if left == 0 and level:  # all in their last epoch with nothing left: they turn it together
             learner.start_next_epoch()
         learner.group_stops = True
-
-    def _barrier(self, learner, over: bool) -> tuple[float, bool]:
-        """The members' small exact all-reduce at a chunk's end: the batches their shards have left,
-        and whether any member's round is over."""
-        tail = torch.tensor([float(learner.batches_left()), float(over)], device=learner.device)
-        start = time.perf_counter()
-        with learner.waiting_on_group():
-            collective(dist.all_reduce, tail)
-        learner.comm_s += time.perf_counter() - start
-        learner.count_sent(ring_bytes(tail.numel() * 4, self.world_size))
-        return float(tail[0]), float(tail[1]) > 0
 
     def _send(self, learner, fragment: int, delta: torch.Tensor, blocking: bool = False) -> Sync:
         """Fragment `fragment`'s pseudo-gradient `delta` (global - local), weighted by the samples
@@ -282,3 +275,28 @@ class DilocoMember:
         if self.by_host is not None:
             self.by_host.close()
         leave_process_group()
+
+
+def move_on_alone(learner, max_epochs: int | None) -> bool:
+    """A learner's part of its epoch is used up: it moves on to its next epoch alone (as a gossip
+    learner does: a fast one never waits at an epoch's end), unless that would end its last epoch
+    (`budget.epochs`): all members end that one together, at the barrier. Whether it moved."""
+    if max_epochs is not None and learner.epoch + 1 >= max_epochs:
+        return False
+    epoch = learner.epoch
+    learner.start_next_epoch(move_on=True)
+    return learner.epoch != epoch
+
+
+def barrier(learner, over: bool, world_size: int) -> tuple[float, bool, bool]:
+    """The members' small exact all-reduce at a chunk's end: the batches their shards have left,
+    whether any member's round is over, and whether all are in one epoch (n x sum e^2 = (sum e)^2)."""
+    epoch = float(learner.epoch)
+    tail = torch.tensor([float(learner.batches_left()), float(over), epoch, epoch * epoch], dtype=torch.float64,
+                        device=learner.device)
+    start = time.perf_counter()
+    with learner.waiting_on_group():
+        collective(dist.all_reduce, tail)
+    learner.comm_s += time.perf_counter() - start
+    learner.count_sent(ring_bytes(tail.numel() * 8, world_size))
+    return float(tail[0]), float(tail[1]) > 0, float(tail[3]) * world_size == float(tail[2]) ** 2

@@ -106,20 +106,27 @@ def test_members_sync_fragments_in_turn_and_end_on_the_same_global_weights(learn
 
 
 @pytest.mark.ray
-def test_an_epochs_end_inside_a_round_sends_no_sync_and_the_round_goes_on(learners):
-    """Rounds of 6 inner steps over shards of 16 batches: the third chunk ends after 4 steps, with
-    the epoch, and sends no sync (a sync there would wait for the one in flight); the next chunk
-    takes the round's last 2 steps in the next epoch and syncs: 3 syncs for 3 rounds, not 4."""
+def test_a_learner_passes_an_epochs_end_alone_and_all_end_the_last_together(learners):
+    """Rounds of 6 inner steps over parts of 16 batches, 2 epochs; learner 1 starts 12 batches
+    into its part. Inside its first round it uses the part up and moves on to epoch 1 alone
+    (learner 0 stays in epoch 0 and nobody waits); learner 0 does the same two rounds later. In
+    the last epoch a learner whose part is used up takes no more steps; when neither has any
+    left, both end it together, that chunk sending no sync. Every batch is trained once."""
     actors = learners(2)
+    state = fetch(actors[1].state.remote())
+    state["counters"]["position"] = 12
+    fetch(actors[1].load_state.remote(pieces.put(state)))
     meeting = learners.meeting()
-    fetch([a.join.remote(DilocoMember(i, 2, meeting, DilocoOptions(inner_steps=6))) for i, a in enumerate(actors)])
-    chunks = [fetch([a.run.remote(100, None, None, 0.0) for a in actors]) for _ in range(4)]
-    assert [[len(s["step_seconds"]) for s in stats] for stats in chunks] == [[6, 6], [6, 6], [4, 4], [2, 2]]
-    assert [[s["epoch"] for s in stats] for stats in chunks] == [[0, 0], [0, 0], [1, 1], [1, 1]]
+    options = DilocoOptions(inner_steps=6)
+    fetch([a.join.remote(DilocoMember(i, 2, meeting, options, max_epochs=2)) for i, a in enumerate(actors)])
+    chunks = [fetch([a.run.remote(100, None, 2, 0.0) for a in actors]) for _ in range(6)]
+    assert [[len(s["step_seconds"]) for s in stats] for stats in chunks] == [
+        [6, 6], [6, 6], [6, 6], [6, 2], [6, 0], [2, 0]]
+    assert [[s["epoch"] for s in stats] for stats in chunks] == [[0, 1], [0, 1], [1, 1], [1, 1], [1, 1], [2, 2]]
+    syncs = [c["group"]["diloco"]["syncs"] for c in fetch([a.counters.remote() for a in actors])]
+    assert syncs == [5, 5]  # the last chunk's none
+    assert [c["step"] for c in fetch([a.counters.remote() for a in actors])] == [32, 20]
     fetch([call(a, "diloco", "finish") for a in actors])
-    counters = fetch([a.counters.remote() for a in actors])
-    assert [c["group"]["diloco"]["syncs"] for c in counters] == [3, 3]
-    assert all(c["step"] == 18 for c in counters)
     w0, w1 = fetch([a.weights.remote() for a in actors])
     assert torch.equal(w0, w1)
     fetch([a.close.remote() for a in actors])
@@ -155,7 +162,7 @@ def test_two_learner_diloco_job_trains_counts_its_rounds_and_leaves_nothing_behi
                        group={"kind": "diloco", "diloco": {"inner_steps": 4, "streaming": {"fragments": 2}}})
     records = []
     summary = TrainingJob(spec, tmp_path, report=records.append).run()
-    assert [r["epoch"] for r in records] == [1, 2, 3]  # epochs turn together, at a round's barrier
+    assert [r["epoch"] for r in records] == [1, 2, 3]  # parts by speed: members pass epochs about together
     assert summary["learners"] == 2 and summary["samples"] == 3 * 512
     assert records[-1]["train_loss"] < records[0]["train_loss"]
     assert records[-1]["consensus_distance"] == 0.0  # the last evaluation's: every member on the global weights
