@@ -123,9 +123,9 @@ def test_a_learner_passes_an_epochs_end_alone_and_all_end_the_last_together(lear
     assert [[len(s["step_seconds"]) for s in stats] for stats in chunks] == [
         [6, 6], [6, 6], [6, 6], [6, 2], [6, 0], [2, 0]]
     assert [[s["epoch"] for s in stats] for stats in chunks] == [[0, 1], [0, 1], [1, 1], [1, 1], [1, 1], [2, 2]]
-    syncs = [c["group"]["diloco"]["syncs"] for c in fetch([a.counters.remote() for a in actors])]
-    assert syncs == [5, 5]  # the last chunk's none
-    assert [c["step"] for c in fetch([a.counters.remote() for a in actors])] == [32, 20]
+    counters = fetch([a.counters.remote() for a in actors])
+    assert [c["group"]["diloco"]["syncs"] for c in counters] == [5, 5]  # the last chunk's none
+    assert [c["step"] for c in counters] == [32, 20]
     fetch([call(a, "diloco", "finish") for a in actors])
     w0, w1 = fetch([a.weights.remote() for a in actors])
     assert torch.equal(w0, w1)
