@@ -7,7 +7,11 @@ thread, so a learner mid-step answers; read at the next round, never waited for)
 and since when its current step has been computing (time spent waiting on its group does not
 count: a learner blocked in an all-reduce by a stuck peer is not stuck itself). A learner is
 stuck when it has computed one step, or not answered, for longer than
-`max(learners.stuck_after_s, learners.stuck_step_multiple x its median step time)`.
+`max(learners.stuck_after_s, learners.stuck_step_multiple x its median step time)`. An answer
+is judged as of when it was given, on the learner's own clock (`at - computing_since`): the loop
+consults the watchdog only while it waits on chunks, so an answer may be read long after it came
+(with rounds shorter than a heartbeat's, a healthy DiLoCo learner's 2-minute-old answer was once
+judged against the driver's clock: "computing for 122 s", and the learner was killed).
 """
 
 from __future__ import annotations
@@ -86,7 +90,7 @@ class Watchdog:
             return None
         self._answered_at[learner_id] = now
         since = beat["computing_since"]
-        if since is not None and now - since > limit:
-            return (f"stuck: step {beat['step'] + 1} computing for {now - since:.0f} s "
+        if since is not None and beat["at"] - since > limit:
+            return (f"stuck: step {beat['step'] + 1} computing for {beat['at'] - since:.0f} s "
                     f"(limit {limit:.0f} s: learners.stuck_after_s / stuck_step_multiple)")
         return None

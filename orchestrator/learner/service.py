@@ -72,8 +72,9 @@ class LearnerService(SimulatedFaults):
     @ray.method(concurrency_group="mix")
     def heartbeat(self) -> dict:
         """Its step count and since when its current step has been computing (None while it waits
-        on its group or between chunks), answered even in the middle of a step."""
-        return {"step": self.learner.step, "computing_since": self.learner.computing_since}
+        on its group or between chunks), and when it answered (its own clock, as `computing_since`),
+        answered even in the middle of a step."""
+        return {"step": self.learner.step, "computing_since": self.learner.computing_since, "at": time.time()}
 
     @ray.method(concurrency_group="mix")
     def leave(self, reason: str) -> None:
