@@ -60,7 +60,7 @@ def run_one(kind: str, learners: int, corpus: Path, wall_seconds: float, overrid
         return {"group": kind, "learners": learners, "wer_test": summary["wer_test"],
                 "wer_test_unseen": summary["wer_test_unseen"],
                 "wer_test_unseen_engine": summary.get("wer_test_unseen_engine"), "wall_s": summary["wall_s"],
-                "samples_per_s": summary["samples_per_s"], "epochs": summary["epochs"],
+                "samples_per_s": summary["samples_per_s"], "samples": summary["samples"], "epochs": summary["epochs"],
                 "consensus_distance": summary["consensus_distance"],
                 "passed": summary["wer_test"] <= WER_TARGET and summary["wall_s"] <= WALL_LIMIT,
                 "node_groups": job.node_groups, "evals": job.evals}
