@@ -56,6 +56,12 @@ what is left, at most one int8 copy of the weights a host, comes after and is no
 of allreduce's. Writes `network-diloco.json` and `.png`; `--diloco-links`, `--diloco-contenders` and
 `--diloco-out` run part of it (e.g. unshaped and 5 Mbit/s, DiLoCo only: no bytes-per-sample check).
 
+DiLoCo's time to Ray Train's WER (`--diloco-wer`, issue 57): `ray_train` and `diloco` (as above) at
+100 Mbit/s, each for `--wer-budget` seconds with `dev` every `--eval-every` seconds, interleaved, as
+the `time_to_wer` section measures it (Ray Train's best dev WER and loss per repeat, when each was
+first had, start-up included). Check: DiLoCo's time to Ray Train's WER <= 0.5x Ray Train's (median;
+the loss's ratio beside it). Writes `network-diloco-wer.json` and `.png`.
+
 What the job's secret costs on the data path (`--secret-cost TREE`, issue 56): gossip and allreduce,
 unshaped, each run by `chorus train` from this checkout (`@after`) and from TREE (`@before`: a
 checkout of the commit before the secret, e.g. `git worktree add /tmp/before 7a29eb3`), the four
@@ -68,6 +74,7 @@ Usage (as root: namespaces and tc; run nothing else heavy beside it):
     .venv/bin/python bench/network.py --links 100mbit,20mbit --skip ablations,time_to_wer \
         --earlier bench/work/network/runs-ef518e6.jsonl   # some links now, the rest from an earlier run
     .venv/bin/python bench/network.py --secret-cost /tmp/before      # before and after the secret
+    .venv/bin/python bench/network.py --diloco-wer                   # DiLoCo's time to Ray Train's WER (~40 min)
     .venv/bin/python bench/network.py --diloco --budget 120          # DiLoCo by link (~65 min)
     .venv/bin/python bench/network.py --diloco --budget 120 --diloco-links unshaped,5mbit \
         --diloco-contenders diloco --diloco-out network-diloco-5mbit.json      # (~35 min)
@@ -520,6 +527,53 @@ def diloco_section(args, feats: Path) -> dict:
             "passed": all(c["held"] for c in checks.values()), "runs": runs}
 
 
+DILOCO_WER_CONTENDERS, DILOCO_WER_BOUND = ["ray_train", "diloco"], 0.5
+
+
+def diloco_wer_section(args, feats: Path) -> dict:
+    """Issue 57: Ray Train and DiLoCo at 100 Mbit/s, `--wer-budget` seconds each with dev every
+    `--eval-every` seconds, interleaved; when DiLoCo first had Ray Train's best WER (and loss),
+    over when Ray Train had it. Writes network-diloco-wer.json and .png."""
+    log, started = WORK / "runs-diloco-wer.jsonl", time.time()
+    log.unlink(missing_ok=True)
+    with Hosts(count=HOSTS, cpus=CPUS) as hosts:
+        ray.init(address=hosts.gcs_address, log_to_driver=False,
+                 runtime_env={"env_vars": {"GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1"}})
+        try:
+            runs = section(DILOCO_WER_CONTENDERS, [WER_LINK], hosts, feats, args.wer_budget, args.eval_every,
+                           args.repeats, log)[WER_LINK]
+        finally:
+            ray.shutdown()
+    ttw = time_to_wer(runs)
+    ratio = ttw["diloco_wer_ratio"]
+    checks = {f"diloco time to ray_train's WER / ray_train's <= {DILOCO_WER_BOUND}": {
+        "ratio": ratio and ratio["median"], "held": bool(ratio) and ratio["median"] <= DILOCO_WER_BOUND}}
+    return {"benchmark": "network-diloco-wer", "hosts": HOSTS, "cpus_per_host": CPUS, "learners": LEARNERS,
+            "model_overrides": MODEL, "diloco_options": DILOCO, "batch_seconds": args.batch_seconds,
+            "link": WER_LINK, "wer_budget_s": args.wer_budget, "eval_every_s": args.eval_every,
+            "warmup_steps": WER_WARMUP_STEPS, "repeats": args.repeats, "wall_s": round(time.time() - started, 1),
+            "throughput": throughput_stats({WER_LINK: runs}), "time_to_wer": ttw, "checks": checks,
+            "passed": all(c["held"] for c in checks.values()), "runs": runs}
+
+
+def plot_diloco_wer(result: dict, path: Path) -> None:
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(10, 4))
+    for name, rs in result["runs"].items():
+        color = "tab:gray" if name == "ray_train" else "tab:blue"
+        for i, r in enumerate(rs):
+            scored = [c for c in r["curve"] if c[1] is not None]
+            label = name if i == 0 else None
+            ax.plot([c[0] for c in scored], [c[1] for c in scored], color=color, alpha=0.6, label=label)
+            bx.plot([c[0] for c in scored], [c[2] for c in scored], color=color, alpha=0.6, label=label)
+    ax.set(xlabel="seconds from the call that starts training", ylabel="dev WER (%)")
+    bx.set(xlabel="seconds from the call that starts training", ylabel="dev loss")
+    ax.legend(fontsize=8)
+    fig.suptitle(f"DiLoCo and Ray Train at {result['link']}, every repeat", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def plot_diloco(result: dict, path: Path) -> None:
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(10, 4))
     for i, link in enumerate(result["runs"]):
@@ -570,6 +624,8 @@ def main() -> int:
     parser.add_argument("--diloco-contenders", default=",".join(DILOCO_CONTENDERS), help="with --diloco: "
                         "the contenders on the unshaped link (without allreduce: no bytes-per-sample check)")
     parser.add_argument("--diloco-out", default="network-diloco.json", help="with --diloco: the results' name")
+    parser.add_argument("--diloco-wer", action="store_true", help="only: DiLoCo's time to Ray Train's WER at "
+                        "100 Mbit/s (issue 57); writes network-diloco-wer.json")
     parser.add_argument("--secret-cost", type=Path, metavar="TREE", help="only: gossip and allreduce unshaped, from "
                         "this checkout and from TREE (the code before the job's secret), interleaved")
     args = parser.parse_args()
@@ -588,6 +644,16 @@ def main() -> int:
         write_results(RESULTS / args.diloco_out, result, plot_diloco)
         for key, check in result["checks"].items():
             print(f"{'ok  ' if check['held'] else 'MISS'} {key}: {check.get('ratio')} ({check.get('verdict', '')})")
+        return 0 if result["passed"] else 1
+    if args.diloco_wer:
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+        result = diloco_wer_section(args, corpus())
+        write_results(RESULTS / "network-diloco-wer.json", result, plot_diloco_wer)
+        for row in result["time_to_wer"]["repeats"]:
+            print(row)
+        for key, check in result["checks"].items():
+            print(f"{'ok  ' if check['held'] else 'MISS'} {key}: {check.get('ratio')}")
         return 0 if result["passed"] else 1
     if args.table:
         print(markdown(json.loads(results_path(args.batch_seconds).read_text())))
