@@ -104,6 +104,7 @@ def plot(result: dict, path: Path) -> None:
     right.boxplot([[r["wer_test"] for r in result["runs"][k]] for k in kinds], tick_labels=kinds)
     setting = " ".join(o.removeprefix("group.diloco.") for o in result["diloco_overrides"])
     right.set(ylabel="test WER (%)", title=f"test WER, {result['repeats']} runs each\nDiLoCo: {setting}")
+    right.title.set_fontsize(9)
     right.grid(True, alpha=0.3)
     budget = f"{result['epochs']} epochs each" if result.get("epochs") else "same wall budget"
     fig.suptitle(f"tiny.yaml, 2 learners on two one-CPU nodes, {budget}")
