@@ -53,26 +53,33 @@ class Sync:
 
 class RoundClock:
     """Where one learner's round / F stands (a chunk of `group.diloco`'s round): the inner steps
-    it took and when it ends, `inner_steps` / F or `round_seconds` / F; it outlives a chunk that
-    the epoch's end cut short, and restarts when the round's sync is sent."""
+    it took and when it ends, `inner_steps` / F or `round_seconds` / F (one step while the
+    learner's step count is under `warmup_steps`); it outlives a chunk that the epoch's end cut
+    short, and restarts when the round's sync is sent."""
 
     def __init__(self, options, fragments: int):
         self.steps = -(-options.inner_steps // fragments) if options.inner_steps else None
         self.seconds = options.round_seconds / fragments if options.round_seconds else None
+        self.warmup_steps, self.warming = options.warmup_steps, False
         self.step_s = 0.0  # a rolling mean of the inner steps' seconds (a timed round starts none it cannot end)
         self.restart()
 
     def restart(self) -> None:
         self.done, self.ends = 0, None
 
-    def begin(self) -> None:
-        """A chunk begins: a timed round's clock starts with its first chunk."""
+    def begin(self, step: int) -> None:
+        """A chunk begins at the learner's step count `step`: a chunk begun in the warm-up is one
+        step long; a timed round's clock starts with its first chunk."""
+        self.warming = step < self.warmup_steps
         if self.seconds is not None and self.ends is None:
             self.ends = time.time() + self.seconds
 
     def over(self, taken: int) -> bool:
         """Whether the round is over, `taken` steps into this chunk (a chunk takes one at least): its
-        steps done, or the next step would end after its seconds (a fast learner would wait for it)."""
+        steps done, or the next step would end after its seconds (a fast learner would wait for
+        it); a chunk begun in the warm-up, after one step."""
+        if self.warming:
+            return bool(taken)
         if self.steps is not None:
             return self.done >= self.steps
         return bool(taken) and time.time() + self.step_s > self.ends
@@ -172,7 +179,7 @@ class DilocoMember:
         their last epoch's end sends none: waiting there for the sync in flight would cost a slow
         link's transfer). All end here."""
         clock, outer = self.clock, self.outer
-        clock.begin()
+        clock.begin(learner.step)
         taken, over = 0, True
         while not clock.over(taken):
             if learner.wants_to_stop(chunk=False):

@@ -10,7 +10,7 @@ from orchestrator.cluster.runtime import fetch
 from orchestrator.driver.config import SpecError, parse_spec
 from orchestrator.driver.job import TrainingJob
 from orchestrator.groups.diloco import DilocoOptions
-from orchestrator.groups.diloco.member import DilocoMember
+from orchestrator.groups.diloco.member import DilocoMember, RoundClock
 from orchestrator.groups.diloco.outer import OuterState, fragment_bounds
 from orchestrator.groups.registry import call
 from tests.builders import assert_nothing_left, linear_spec
@@ -39,6 +39,35 @@ def test_fragments_cover_the_weights_once():
         assert bounds[0][0] == 0 and bounds[-1][1] == n and len(bounds) == f
         assert all(a < b and b == c for (a, b), (c, _) in zip(bounds, bounds[1:] + [(n, n)], strict=True))
 
+
+
+def _chunks(clock: RoundClock, count: int) -> list[int]:
+    """The inner steps of `count` chunks from step 0, as `DilocoMember.step` takes them (each sends its sync)."""
+    steps, sizes = 0, []
+    for _ in range(count):
+        clock.begin(steps)
+        taken = 0
+        while not clock.over(taken):
+            clock.took(0.001)
+            taken += 1
+        steps += taken
+        sizes.append(taken)
+        clock.restart()
+    return sizes
+
+
+@pytest.mark.unit
+def test_a_warm_up_syncs_every_step_then_rounds_begin():
+    """`warmup_steps` 3: the first three chunks are one inner step each (one sync a step), then
+    rounds of `inner_steps` / F, or of `round_seconds` (one step ends such a warm-up chunk too)."""
+    assert _chunks(RoundClock(DilocoOptions(inner_steps=4, warmup_steps=3), fragments=1), 5) == [1, 1, 1, 4, 4]
+    assert _chunks(RoundClock(DilocoOptions(inner_steps=4, warmup_steps=2), fragments=2), 4) == [1, 1, 2, 2]
+    assert _chunks(RoundClock(DilocoOptions(inner_steps=4), fragments=1), 2) == [4, 4]
+    assert _chunks(RoundClock(DilocoOptions(round_seconds=3600, warmup_steps=2), fragments=1), 2) == [1, 1]
+    spec = parse_spec(linear_spec(raw=True, group={"kind": "diloco", "diloco": {"warmup_steps": 200}}))
+    assert spec.group.options.warmup_steps == 200 and DilocoOptions().warmup_steps == 0
+    with pytest.raises(SpecError, match=r"group\.diloco\.warmup_steps"):
+        parse_spec(linear_spec(raw=True, group={"kind": "diloco", "diloco": {"warmup_steps": -1}}))
 
 class _Weights:
     """What `OuterState.begin` reads of a learner: its flat weights."""
