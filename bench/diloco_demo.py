@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -103,7 +104,8 @@ def plot(result: dict, path: Path) -> None:
     kinds = list(result["runs"])
     right.boxplot([[r["wer_test"] for r in result["runs"][k]] for k in kinds], tick_labels=kinds)
     setting = " ".join(o.removeprefix("group.diloco.") for o in result["diloco_overrides"])
-    right.set(ylabel="test WER (%)", title=f"test WER, {result['repeats']} runs each\nDiLoCo: {setting}")
+    setting = textwrap.fill(f"DiLoCo: {setting}", 60)
+    right.set(ylabel="test WER (%)", title=f"test WER, {result['repeats']} runs each\n{setting}")
     right.title.set_fontsize(9)
     right.grid(True, alpha=0.3)
     budget = f"{result['epochs']} epochs each" if result.get("epochs") else "same wall budget"
