@@ -40,7 +40,6 @@ def test_fragments_cover_the_weights_once():
         assert all(a < b and b == c for (a, b), (c, _) in zip(bounds, bounds[1:] + [(n, n)], strict=True))
 
 
-
 def _chunks(clock: RoundClock, count: int) -> list[int]:
     """The inner steps of `count` chunks from step 0, as `DilocoMember.step` takes them (each sends its sync)."""
     steps, sizes = 0, []
@@ -68,6 +67,7 @@ def test_a_warm_up_syncs_every_step_then_rounds_begin():
     assert spec.group.options.warmup_steps == 200 and DilocoOptions().warmup_steps == 0
     with pytest.raises(SpecError, match=r"group\.diloco\.warmup_steps"):
         parse_spec(linear_spec(raw=True, group={"kind": "diloco", "diloco": {"warmup_steps": -1}}))
+
 
 class _Weights:
     """What `OuterState.begin` reads of a learner: its flat weights."""
