@@ -19,7 +19,6 @@ import math
 import os
 import socket
 import threading
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -33,6 +32,7 @@ from jobs.decode import Decoder, DecodingAssets
 from jobs.features.augment import Augment
 from jobs.features.device import DeviceFeatures
 from jobs.features.filterbanks import Fbank, SpecAugment
+from jobs.inference import chunks_by_budget, device_of, posteriors
 from jobs.models import build_model, ctc_loss
 from jobs.sections import EVAL_SPLITS, OptimConfig, WorkloadConfig
 from jobs.tokenizer import BpeTokenizer, CharTokenizer, build_tokenizer, output_size, tokenizer_from_state
@@ -199,7 +199,7 @@ class AsrWorkload:
     def loss(self, model: torch.nn.Module, batch: Batch) -> torch.Tensor:
         """Mean per-utterance CTC loss; SpecAugment is applied when the model is in training mode.
         The batch moves to the model's device."""
-        batch = batch.to(_device_of(model)).featurized(self.device_features)
+        batch = batch.to(device_of(model)).featurized(self.device_features)
         feats = self.spec_augment(batch.feats) if model.training else batch.feats
         with self.autocast(model):
             log_probs, out_lengths = model(feats, batch.feat_lengths)
@@ -207,7 +207,7 @@ class AsrWorkload:
 
     def autocast(self, model: torch.nn.Module) -> torch.autocast:
         """The model's forward pass in its precision (`model.precision`): bfloat16 autocast, or none."""
-        return torch.autocast(_device_of(model).type, dtype=torch.bfloat16,
+        return torch.autocast(device_of(model).type, dtype=torch.bfloat16,
                               enabled=self.config.model.precision == "bf16")
 
     @torch.no_grad()
@@ -225,10 +225,11 @@ class AsrWorkload:
         refs, hyps, loss_sum, n = [], [], 0.0, 0
         order = sorted(range(len(corpus)), key=lambda i: corpus.utterances[i].duration)
         budget = self.config.data.max_batch_seconds
-        for chunk in _chunks_by_budget(order, corpus.durations, budget):
-            batch, log_probs, out_lengths = _posteriors(model, corpus, chunk, warps, self.autocast)
-            if batch is None:
+        for chunk in chunks_by_budget(order, corpus.durations, budget):
+            readings = corpus.warped(chunk, warps)
+            if readings is None:  # no utterance of the chunk readable
                 continue
+            batch, log_probs, out_lengths = posteriors(model, readings, self.autocast)
             loss_sum += ctc_loss(log_probs, out_lengths, batch.targets, batch.target_lengths).item() * batch.size
             hyps += self.decode(log_probs, out_lengths)
             refs += batch.texts
@@ -276,36 +277,3 @@ def _on_device(config: WorkloadConfig) -> bool:
     return config.features.compute_on == "device" or config.features.compute_on == "auto" and torch.cuda.is_available()
 
 
-def _device_of(model: torch.nn.Module) -> torch.device:
-    return next(model.parameters()).device
-
-
-def _posteriors(model: torch.nn.Module, corpus: Corpus, chunk: list[int], warps: list[float],
-                autocast: Callable[[torch.nn.Module], torch.autocast]
-                ) -> tuple[Batch | None, torch.Tensor | None, torch.Tensor | None]:
-    """`chunk` of `corpus` as a batch (None: no utterance readable), the model's (batch, frames,
-    classes) log-posteriors for it, their probabilities averaged over the features read at each of
-    `warps` (a warp keeps the frames), and the valid frames."""
-    batches = corpus.warped(chunk, warps)
-    if batches is None:
-        return None, None, None
-    batches, outputs = [b.to(_device_of(model)) for b in batches], []
-    for warped in batches:
-        with autocast(model):
-            log_probs, lengths = model(warped.feats, warped.feat_lengths)
-        outputs.append(log_probs.float())
-    batch = batches[0]
-    if len(outputs) == 1:
-        return batch, outputs[0], lengths
-    return batch, torch.logsumexp(torch.stack(outputs), dim=0) - math.log(len(outputs)), lengths
-
-
-def _chunks_by_budget(order: list[int], durations: list[float], budget: float) -> Iterator[list[int]]:
-    chunk: list[int] = []
-    for i in order:
-        if chunk and (len(chunk) + 1) * durations[i] > budget:
-            yield chunk
-            chunk = []
-        chunk.append(i)
-    if chunk:
-        yield chunk

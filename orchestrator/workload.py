@@ -31,7 +31,8 @@ if TYPE_CHECKING:
 # no torch, so validating a spec does not load the workload)
 REGISTRY: dict[str, dict[str, str]] = {
     "asr": {"workload": "jobs.workload:AsrWorkload", "config": "jobs.sections:WorkloadConfig",
-            "commands": "jobs.commands:COMMANDS"},
+            "commands": "jobs.commands:COMMANDS", "recognizer": "jobs.recognizer:SpeechRecognizer",
+            "transcriber": "jobs.transcription:ClipTranscriber"},
     "linear": {"workload": "jobs.linear:LinearWorkload", "config": "jobs.sections:LinearConfig"},
 }
 
@@ -106,6 +107,13 @@ class Workload(Protocol):
     def skip_counts(self) -> dict[str, int]: ...
 
 
+def workload_part(name: str, part: str) -> Any:
+    """A part the workload `name` registered beyond its class: `recognizer` (a trained model put to
+    use: `from_checkpoint(state, ...)`, `orchestrator.Recognizer`), `transcriber` (what `chorus
+    transcribe` runs over batches of inputs). A KeyError names what is missing."""
+    return _load(name, part)
+
+
 def _load(name: str, part: str) -> Any:
     entry = REGISTRY.get(name)
     if entry is None:
@@ -143,5 +151,6 @@ def build_workload(name: str, config: dict | BaseModel, seed: int) -> Workload:
 def register(name: str, workload: str, **parts: str) -> None:
     """Add a workload: `workload` is `module:Class`; it must be importable on every node. A
     `config="module:Model"` part names its spec section where that module is lighter to import;
-    `commands="module:LIST"` the click commands it adds to `chorus`."""
+    `commands="module:LIST"` the click commands it adds to `chorus`; `recognizer` and `transcriber`
+    what uses its trained models (`workload_part`)."""
     REGISTRY[name] = {"workload": workload, **parts}

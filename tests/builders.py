@@ -1,5 +1,6 @@
 """Builders that tests share (`from tests.builders import ...`): small job specs (`make_spec`,
-`linear_spec`), a job run in a thread (`run_in_thread`, `stop_job`), `chorus` in a process of its own
+`linear_spec`), an untrained model's checkpoint state (`checkpoint_state`), a job run in a thread
+(`run_in_thread`, `stop_job`), `chorus` in a process of its own
 (`run_cli`), and what a job left on the cluster (`leftovers_of`, `assert_nothing_left`)."""
 
 from __future__ import annotations
@@ -36,6 +37,17 @@ def make_spec(corpus: Path | None = None, *splits: str, raw: bool = False, **fie
     spec = {"name": "t", "data": {**data, "max_batch_seconds": 10}, "model": dict(SMALL_MODEL),
             "optim": {"lr": 3e-3, "warmup_steps": 10, "schedule": "constant"}, "budget": {"epochs": 1}}
     return _with_fields(spec, fields, raw)
+
+
+def checkpoint_state(corpus: Path, **fields) -> dict:
+    """What a checkpoint of `make_spec(corpus, **fields)`'s untrained model holds, as
+    `orchestrator.checkpoint.files.load` returns it (its spec, model, tokenizer and what its
+    decoding carries): an untrained model's greedy texts are letters, not nothing."""
+    from jobs.workload import AsrWorkload
+
+    spec = make_spec(corpus, **fields)
+    workload = AsrWorkload(spec.workload_config, seed=0)
+    return {"spec": spec.model_dump(mode="json"), **workload.state_dict(workload.build_model())}
 
 
 def linear_spec(raw: bool = False, **fields):

@@ -155,11 +155,22 @@ def load_audio(path, max_seconds: float | None = None) -> torch.Tensor:
         detail = first_line(exc)
         raise AudioError(UNREADABLE, detail if isinstance(path, (str, Path)) else detail.rpartition(">: ")[2]) \
             from exc  # (not the file object's repr)
-    if wav.shape[0] == 0:
-        raise AudioError("empty audio file")
+    return mono_16k(wav, rate)
+
+
+def mono_16k(samples: np.ndarray, rate: int) -> torch.Tensor:
+    """Samples of one recording, (frames, channels) as soundfile reads them (or (frames,) for
+    mono), as `load_audio` returns a file's: float32, channels averaged, resampled to 16 kHz. No
+    samples, samples that are not finite, an unusable rate or under 50 ms are an AudioError."""
+    wav = np.asarray(samples, dtype=np.float32)
+    wav = wav[:, None] if wav.ndim == 1 else wav
+    if wav.ndim != 2 or wav.shape[0] == 0:
+        raise AudioError("empty audio file" if wav.ndim == 2 else UNREADABLE,
+                         "" if wav.ndim == 2 else f"{wav.ndim}-dimensional samples")
     if not np.isfinite(wav).all():
         raise AudioError(UNREADABLE, "samples that are not finite numbers")
-    mono = torch.from_numpy(wav.mean(axis=1))
+    _check_rate(rate)
+    mono = torch.from_numpy(np.ascontiguousarray(wav.mean(axis=1)))
     if rate != SAMPLE_RATE:
         mono = torchaudio.functional.resample(mono, rate, SAMPLE_RATE)
     if len(mono) < SHORTEST_S * SAMPLE_RATE:
@@ -174,7 +185,7 @@ def _check_rate(rate: int) -> None:
         raise AudioError(ODD_RATE, f"{rate} Hz")
 
 
-def _probe(path: Path, where: str, report: SkipReport, max_seconds: float) -> float | None:
+def probe_duration(path: Path, where: str, report: SkipReport, max_seconds: float) -> float | None:
     """Duration in seconds from the header, or None (skipped) when the file is missing, unreadable,
     empty or longer than `max_seconds`."""
     key = str(path)
@@ -216,7 +227,7 @@ def read_corpus(source: str | Path, max_seconds: float = math.inf) -> tuple[list
     return sorted(utts, key=lambda u: u.id), report
 
 
-def _lines(path: Path) -> list[tuple[int, str | bytes]]:
+def read_lines(path: Path) -> list[tuple[int, str | bytes]]:
     """(line number, text) of a text file; a line that is not UTF-8 comes as its bytes."""
     lines = []
     for line_no, raw in enumerate(path.read_bytes().splitlines(), start=1):
@@ -229,7 +240,7 @@ def _lines(path: Path) -> list[tuple[int, str | bytes]]:
 
 def _read_jsonl(manifest: Path, report: SkipReport, max_seconds: float) -> list[Utterance]:
     utts = []
-    for line_no, line in _lines(manifest):
+    for line_no, line in read_lines(manifest):
         where = f"{manifest}:{line_no}"
         if isinstance(line, bytes):
             report.skip(where, NOT_UTF8)
@@ -249,7 +260,7 @@ def _read_jsonl(manifest: Path, report: SkipReport, max_seconds: float) -> list[
         if not isinstance(text, str) or not text.strip():
             report.skip(f"{path} ({where})", "no transcript", str(path))
             continue
-        duration = _probe(path, f"{path} ({where})", report, max_seconds)
+        duration = probe_duration(path, f"{path} ({where})", report, max_seconds)
         if duration is not None:
             utts.append(Utterance(path.stem, path, duration, text.strip().lower()))
     return utts
@@ -259,7 +270,7 @@ def _read_librispeech(root: Path, report: SkipReport, max_seconds: float) -> lis
     transcripts: dict[str, str] = {}
     undecodable: dict[str, str] = {}  # utterance id -> the `file:line` of its transcript that is not UTF-8
     for trans in root.rglob("*.trans.txt"):
-        for line_no, line in _lines(trans):
+        for line_no, line in read_lines(trans):
             if isinstance(line, bytes):  # its id is ASCII: the utterance is skipped for this reason alone
                 undecodable[line.strip().split(b" ")[0].decode("ascii", "replace")] = f"{trans}:{line_no}"
                 continue
@@ -276,7 +287,7 @@ def _read_librispeech(root: Path, report: SkipReport, max_seconds: float) -> lis
             else:
                 report.skip(str(path), "no transcript")
             continue
-        duration = _probe(path, str(path), report, max_seconds)
+        duration = probe_duration(path, str(path), report, max_seconds)
         if duration is not None:
             utts.append(Utterance(path.stem, path, duration, transcripts[path.stem]))
     for utt_id in sorted(set(transcripts) - seen):

@@ -1,0 +1,97 @@
+"""What `chorus transcribe` is given to transcribe, as a list of clips in the input's order: audio
+files (whatever soundfile reads), folders of them (searched recursively; the transcripts of a
+LibriSpeech-layout folder's `*.trans.txt` become references) and JSONL manifests (NeMo's
+`audio_filepath`, with `text` as the reference where a line has one). Each clip's duration is
+read from its header; a missing, unreadable, empty, too short or too long file, or a malformed
+manifest line, is skipped and counted by reason in a `SkipReport`, as training counts them.
+
+Example:
+    >>> clips, skipped = read_inputs(["corpus/test.jsonl", "more/"], max_seconds=60)  # doctest: +SKIP
+    >>> clips[0].id, clips[0].duration, clips[0].reference  # doctest: +SKIP
+    ('utt0001', 2.31, 'go left')
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from jobs.data.manifests import NOT_UTF8, SkipReport, probe_duration, read_lines
+
+AUDIO_SUFFIXES = {".wav", ".flac", ".ogg", ".oga", ".opus", ".mp3", ".aiff", ".aif", ".aifc", ".au", ".snd",
+                  ".caf", ".w64", ".rf64", ".sph", ".nist", ".voc"}  # what libsndfile reads
+
+
+@dataclass(frozen=True)
+class Clip:
+    """One utterance to transcribe: its id (the file's stem), file, seconds, and transcript if known."""
+
+    id: str
+    path: Path
+    duration: float
+    reference: str | None = None
+
+
+def read_inputs(inputs: list[str | Path], max_seconds: float = math.inf) -> tuple[list[Clip], SkipReport]:
+    """The clips of `inputs` (files, folders, `.jsonl` manifests) in their order; those that
+    cannot be transcribed are in the report instead."""
+    report, clips = SkipReport(), []
+    for source in map(Path, inputs):
+        if source.is_dir():
+            clips += _folder(source, report, max_seconds)
+        elif source.suffix == ".jsonl":
+            clips += _manifest(source, report, max_seconds)
+        else:
+            clips += _files([source], {}, report, max_seconds)
+    return clips, report
+
+
+def _files(paths: list[Path], references: dict[str, str], report: SkipReport, max_seconds: float) -> list[Clip]:
+    clips = []
+    for path in paths:
+        duration = probe_duration(path, str(path), report, max_seconds)
+        if duration is not None:
+            clips.append(Clip(path.stem, path, duration, references.get(path.stem)))
+    return clips
+
+
+def _folder(root: Path, report: SkipReport, max_seconds: float) -> list[Clip]:
+    references = {}
+    for transcripts in sorted(root.rglob("*.trans.txt")):
+        for line_no, line in read_lines(transcripts):
+            if isinstance(line, bytes):
+                report.skip(f"{transcripts}:{line_no}", NOT_UTF8)
+                continue
+            utt_id, _, text = line.strip().partition(" ")
+            if utt_id and text.strip():
+                references[utt_id] = text.strip().lower()
+    audio = sorted(p for p in root.rglob("*") if p.suffix.lower() in AUDIO_SUFFIXES and p.is_file())
+    return _files(audio, references, report, max_seconds)
+
+
+def _manifest(manifest: Path, report: SkipReport, max_seconds: float) -> list[Clip]:
+    clips = []
+    for line_no, line in read_lines(manifest):
+        where = f"{manifest}:{line_no}"
+        if isinstance(line, bytes):
+            report.skip(where, NOT_UTF8)
+            continue
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            rel = row["audio_filepath"]
+        except (ValueError, KeyError, TypeError, RecursionError):
+            rel = None
+        if not isinstance(rel, str) or not rel:
+            report.skip(where, "malformed manifest line (needs JSON with audio_filepath)")
+            continue
+        path = Path(rel) if Path(rel).is_absolute() else manifest.parent / rel
+        text = row.get("text")
+        duration = probe_duration(path, f"{path} ({where})", report, max_seconds)
+        if duration is not None:
+            reference = text.strip().lower() if isinstance(text, str) and text.strip() else None
+            clips.append(Clip(path.stem, path, duration, reference))
+    return clips

@@ -1,0 +1,82 @@
+"""`chorus transcribe`'s work on the speech side: the clips its inputs name (`jobs.data.audio_inputs`)
+and, for a batch of them, one record each — id, path, duration, text and the reference where the
+input has one — or, for a clip whose audio proves unusable once read, the reason it was skipped.
+The orchestrator runs it here or on Ray actors (the workload registry names it `asr`'s
+`transcriber`); each actor builds one from the checkpoint once.
+
+Example:
+    >>> clips, skipped = ClipTranscriber.read_inputs(["corpus/test.jsonl"], state)  # doctest: +SKIP
+    >>> ClipTranscriber.from_checkpoint(state)([c.record() for c in clips[:2]])  # doctest: +SKIP
+    [{'id': 'utt0001', 'path': '...', 'duration': 2.31, 'text': 'go left', 'reference': 'go left'}, ...]
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict
+from pathlib import Path
+
+from jobs.data.audio_inputs import Clip, read_inputs
+from jobs.data.manifests import AudioError, SkipReport, load_audio
+from jobs.recognizer import SpeechRecognizer
+from jobs.wer import word_error_rate
+
+
+class ClipTranscriber:
+    """A `SpeechRecognizer` over batches of clip records (dicts of a `Clip`'s fields): each comes back
+    with its `text`, or with `skipped` (the reason) when its audio cannot be used."""
+
+    def __init__(self, recognizer: SpeechRecognizer):
+        self.recognizer = recognizer
+
+    @classmethod
+    def from_checkpoint(cls, state: dict, decoding: str | None = None, warps: bool = True,
+                        device: str | None = None) -> ClipTranscriber:
+        return cls(SpeechRecognizer.from_checkpoint(state, decoding=decoding, warps=warps, device=device))
+
+    @staticmethod
+    def read_inputs(inputs: list[str | Path], state: dict) -> tuple[list[dict], SkipReport]:
+        """The clip records of `inputs` in their order, and what was skipped (utterances longer than the
+        checkpoint's `data.max_utterance_seconds` among them)."""
+        max_seconds = state["spec"].get("data", {}).get("max_utterance_seconds", math.inf)
+        clips, report = read_inputs(inputs, max_seconds)
+        return [record(clip) for clip in clips], report
+
+    def __call__(self, clips: list[dict]) -> list[dict]:
+        out, readable, waveforms = list(clips), [], []
+        for k, clip in enumerate(clips):
+            try:
+                waveforms.append(load_audio(clip["path"], self.recognizer.max_seconds))
+                readable.append(k)
+            except AudioError as exc:
+                out[k] = {**clip, "skipped": exc.reason, "detail": exc.detail}
+        texts = self.recognizer.transcribe_waveforms(waveforms, [clips[k]["duration"] for k in readable],
+                                                     [clips[k]["id"] for k in readable])
+        for k, text in zip(readable, texts, strict=True):
+            out[k] = {key: value for key, value in clips[k].items() if key != "reference"} | {"text": text} | (
+                {"reference": clips[k]["reference"]} if "reference" in clips[k] else {})
+        return out
+
+    @staticmethod
+    def totals(records: list[dict], skipped: dict[str, int], wall_s: float) -> dict:
+        return totals(records, skipped, wall_s)
+
+
+def record(clip: Clip) -> dict:
+    fields = {**asdict(clip), "path": str(clip.path)}
+    if fields["reference"] is None:
+        del fields["reference"]
+    return fields
+
+
+def totals(records: list[dict], skipped: dict[str, int], wall_s: float) -> dict:
+    """The last line of a transcription: utterances, audio hours, wall time, real-time factor
+    (wall / audio seconds), skips by reason and, over the utterances with references, the WER."""
+    audio_s = sum(r["duration"] for r in records)
+    scored = [r for r in records if "reference" in r]
+    return {"utterances": len(records), "audio_hours": audio_s / 3600, "wall_s": wall_s,
+            "real_time_factor": wall_s / audio_s if audio_s else None,
+            "utterances_per_s": len(records) / wall_s if wall_s else None,
+            "skipped": dict(sorted(skipped.items())), "skipped_total": sum(skipped.values()),
+            "wer": word_error_rate([r["reference"] for r in scored], [r["text"] for r in scored]) if scored else None,
+            "scored_utterances": len(scored)}

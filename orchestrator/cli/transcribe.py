@@ -1,0 +1,116 @@
+"""`chorus transcribe`: a checkpoint's model over audio files, folders and manifests, here or spread
+over Ray actors (`orchestrator.service.batch_inference`), one JSON line per utterance in the
+inputs' order and a last line of totals; a tqdm bar on stderr counts utterances and audio hours
+per second. What the workload's `transcriber` (the registry's part) cannot use is skipped and
+counted by reason."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import click
+
+from orchestrator.base import strict_json
+from orchestrator.cli.app import main
+
+log = logging.getLogger("chorus.transcribe")
+WINDOW = 2000  # utterances transcribed together here: batched by duration among themselves, then written in order
+
+
+@main.command()
+@click.argument("checkpoint", type=click.Path(exists=True, path_type=Path))
+@click.argument("inputs", metavar="INPUT...", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="The JSONL file to write [default: stdout].")
+@click.option("--decoding", "decoding_kind", type=click.Choice(["greedy", "lexicon", "lm"]), default=None,
+              help="Decode so, whatever the checkpoint's decoding.kind says.")
+@click.option("--no-warps", is_flag=True, help="One unwarped pass, whatever the checkpoint's decoding.warps says.")
+@click.option("--address", default=None, help="A Ray cluster (auto or HOST:6379) to spread the work over.")
+@click.option("--actors", type=click.IntRange(min=1), default=None,
+              help="Ray actors, each loading the model once [default with --address: 1; without it: none, "
+                   "the work runs here; given without --address: on a Ray started in this process].")
+@click.option("--gpus-per-actor", type=click.FloatRange(min=0), default=None,
+              help="GPUs each actor reserves [default: 1 where the cluster has GPUs, else 0].")
+@click.option("--cpus-per-actor", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True)
+def transcribe(checkpoint, inputs, out, decoding_kind, no_warps, address, actors, gpus_per_actor, cpus_per_actor):
+    """Transcribe INPUT... (audio files soundfile reads, folders of them, .jsonl manifests) with
+    CHECKPOINT (a run's checkpoint.pt: its newest usable checkpoint). Prints (or writes to --out)
+    one JSON line per utterance: id, path, duration, text and the input's reference if it has one;
+    the last line holds the totals: utterances, audio hours, real-time factor, skips by reason, WER."""
+    from orchestrator.checkpoint.files import CheckpointError, load
+    from orchestrator.workload import workload_part
+
+    try:
+        state = load(checkpoint).state
+        transcriber = workload_part(state["spec"].get("workload", "asr"), "transcriber")
+    except (CheckpointError, KeyError) as exc:
+        raise click.ClickException(str(exc.args[0] if isinstance(exc, KeyError) else exc)) from None
+    options = {"decoding": decoding_kind, "warps": not no_warps}
+    try:
+        local = transcriber.from_checkpoint(state, device=None if actors is None and address is None else "cpu",
+                                            **options)  # (on a cluster: a check of the options only)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    records, report = transcriber.read_inputs(list(inputs), state)
+    if not records:
+        raise click.ClickException(f"nothing to transcribe in {', '.join(map(str, inputs))}: {report.describe()}")
+    if actors is None and address is None:
+        results = (r for start in range(0, len(records), WINDOW) for r in local(records[start:start + WINDOW]))
+    else:
+        results = _on_ray(records, functools.partial(transcriber.from_checkpoint, **options), state, address,
+                          actors or 1, gpus_per_actor, cpus_per_actor)
+    skipped, started = Counter(report.counts), time.monotonic()
+    done = _write(results, len(records), out, skipped)
+    summary = {"totals": transcriber.totals(done, dict(skipped), time.monotonic() - started)}
+    if out is not None:
+        with open(out, "a") as f:
+            f.write(strict_json.dumps(summary) + "\n")
+    click.echo(strict_json.dumps(summary))
+
+
+def _on_ray(records: list[dict], make, state: dict, address: str | None, actors: int, gpus: float | None,
+            cpus: float):
+    import ray
+
+    from orchestrator.service.batch_inference import map_in_order
+
+    ray.init(address=address, log_to_driver=False, **({} if address else {"num_cpus": max(2, int(actors * cpus))}))
+    if gpus is None:
+        gpus = 1.0 if ray.cluster_resources().get("GPU", 0) > 0 else 0.0
+    try:
+        yield from map_in_order(records, make, state, actors=actors, gpus_per_actor=gpus, cpus_per_actor=cpus)
+    finally:
+        ray.shutdown()
+
+
+def _write(results, total: int, out: Path | None, skipped: Counter) -> list[dict]:
+    """Each result as a JSON line (to `out`, or stdout), the skipped ones counted instead; the
+    transcribed ones."""
+    from tqdm import tqdm
+
+    done, seconds = [], 0.0
+    sink = open(out, "w") if out is not None else sys.stdout  # noqa: SIM115 - stdout is not to be closed
+    bar = tqdm(total=total, unit="utt", file=sys.stderr, dynamic_ncols=True)
+    try:
+        for result in results:
+            bar.update(1)
+            if "skipped" in result:
+                skipped[result["skipped"]] += 1
+                log.warning("skipped %s: %s%s", result["path"], result["skipped"],
+                            f" ({result['detail']})" if result.get("detail") else "")
+                continue
+            done.append(result)
+            seconds += result["duration"]
+            sink.write(strict_json.dumps(result) + "\n")
+            bar.set_postfix_str(f"{seconds / 3600 / max(bar.format_dict['elapsed'], 1e-9):.4f} audio h/s",
+                                refresh=False)
+    finally:
+        bar.close()
+        if sink is not sys.stdout:
+            sink.close()
+    return done

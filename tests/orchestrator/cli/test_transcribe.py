@@ -1,0 +1,85 @@
+"""`chorus transcribe` on a trained run's checkpoint: the WER of its output equals `chorus eval`'s with
+the same decoding (greedy and lexicon), lines come in the input's order with a totals line last, what
+cannot be read is counted by reason, and nothing to transcribe is one line; `orchestrator.Recognizer`'s
+example runs on the same checkpoint."""
+
+import doctest
+import json
+
+import pytest
+
+import orchestrator.checkpoint.trained
+from jobs.wer import word_error_rate
+from tests.builders import make_spec, run_cli
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def run(corpus, tmp_path_factory):
+    """A run trained for one epoch on four utterances, decoding through a lexicon (so its checkpoint
+    carries the words): still all but untrained, so its greedy texts are letters, not nothing."""
+    folder = tmp_path_factory.mktemp("transcribe")
+    lines = (corpus / "train.jsonl").read_text().splitlines()[:4]
+    (folder / "train.jsonl").write_text("".join(
+        json.dumps({**json.loads(line), "audio_filepath": str(corpus / json.loads(line)["audio_filepath"])}) + "\n"
+        for line in lines))
+    spec = make_spec(corpus, decoding={"kind": "lexicon", "beam": 8}, raw=True)
+    spec["data"]["train"] = str(folder / "train.jsonl")
+    (folder / "job.yaml").write_text(json.dumps(spec))
+    proc = run_cli("train", str(folder / "job.yaml"), "--out", str(folder / "run"))
+    assert proc.returncode == 0, proc.stderr
+    return folder / "run"
+
+
+@pytest.mark.parametrize("decoding", ["greedy", "lexicon"])
+def test_the_wer_of_the_transcripts_is_chorus_evals(run, corpus, tmp_path, decoding):
+    out = tmp_path / "test.txt.jsonl"
+    proc = run_cli("transcribe", str(run / "checkpoint.pt"), str(corpus / "test.jsonl"), "--decoding", decoding,
+                   "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    records, totals = lines[:-1], lines[-1]["totals"]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == lines[-1]
+    manifest = [json.loads(line) for line in (corpus / "test.jsonl").read_text().splitlines()]
+    assert [r["path"] for r in records] == [str((corpus / m["audio_filepath"]).resolve()) for m in manifest]
+    assert set(records[0]) == {"id", "path", "duration", "text", "reference"}
+    assert sum(r["text"] != "" for r in records) >= len(records) // 2  # texts to compare, not nothing
+    evaluated = run_cli("eval", str(run / "checkpoint.pt"), str(corpus / "test.jsonl"), "--decoding", decoding)
+    assert evaluated.returncode == 0, evaluated.stderr
+    wer = json.loads(evaluated.stdout.strip().splitlines()[-1])["wer"]
+    assert word_error_rate([r["reference"] for r in records], [r["text"] for r in records]) == wer == totals["wer"]
+    assert totals["utterances"] == len(records) == 20 and totals["skipped_total"] == 0
+    assert totals["audio_hours"] == pytest.approx(sum(r["duration"] for r in records) / 3600)
+    assert totals["real_time_factor"] == pytest.approx(totals["wall_s"] / (totals["audio_hours"] * 3600))
+    assert "audio h/s" in proc.stderr and "utt" in proc.stderr  # the progress bar
+
+
+def test_unusable_inputs_are_counted_and_nothing_usable_is_one_line(run, corpus, tmp_path):
+    (tmp_path / "noise.wav").write_bytes(b"RIFF but no audio")
+    (tmp_path / "empty.flac").write_bytes(b"")
+    proc = run_cli("transcribe", str(run / "checkpoint.pt"), str(tmp_path))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"Error: nothing to transcribe in {tmp_path}: 2 skipped (empty audio file: 1, unreadable audio file: 1)")
+    first = json.loads((corpus / "dev.jsonl").read_text().splitlines()[0])
+    proc = run_cli("transcribe", str(run / "checkpoint.pt"), str(tmp_path), str(corpus / first["audio_filepath"]))
+    assert proc.returncode == 0, proc.stderr
+    lines = [json.loads(line) for line in proc.stdout.strip().splitlines()]
+    assert len(lines) == 2 and "reference" not in lines[0] and lines[0]["id"] == first["audio_filepath"].split(
+        "/")[-1].rsplit(".", 1)[0]
+    assert lines[1]["totals"]["skipped"] == {"empty audio file": 1, "unreadable audio file": 1}
+    assert lines[1]["totals"]["wer"] is None
+    refused = run_cli("transcribe", str(run / "checkpoint.pt"), str(tmp_path), "--decoding", "lm")
+    assert refused.returncode == 1 and "carries no language model" in refused.stderr.strip().splitlines()[-1]
+
+
+def test_the_recognizer_example_runs(run, corpus):
+    wav = corpus / json.loads((corpus / "dev.jsonl").read_text().splitlines()[0])["audio_filepath"]
+    results = doctest.testmod(orchestrator.checkpoint.trained, extraglobs={"run": run, "wav": wav},
+                              raise_on_error=True)
+    assert results.attempted == 2
+    from orchestrator import Recognizer
+
+    recognizer = Recognizer.load(run, decoding="greedy")
+    assert recognizer.transcribe([wav]) == recognizer.transcribe([str(wav)])
