@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 REGISTRY: dict[str, dict[str, str]] = {
     "asr": {"workload": "jobs.workload:AsrWorkload", "config": "jobs.sections:WorkloadConfig",
             "commands": "jobs.commands:COMMANDS", "recognizer": "jobs.recognizer:SpeechRecognizer",
-            "transcriber": "jobs.transcription:ClipTranscriber"},
+            "transcriber": "jobs.transcription:ClipTranscriber", "exporter": "jobs.export:export"},
     "linear": {"workload": "jobs.linear:LinearWorkload", "config": "jobs.sections:LinearConfig"},
 }
 
@@ -110,7 +110,8 @@ class Workload(Protocol):
 def workload_part(name: str, part: str) -> Any:
     """A part the workload `name` registered beyond its class: `recognizer` (a trained model put to
     use: `from_checkpoint(state, ...)`, `orchestrator.Recognizer`), `transcriber` (what `chorus
-    transcribe` runs over batches of inputs). A KeyError names what is missing."""
+    transcribe` runs over batches of inputs), `exporter` (`chorus export`: `export(state, folder)`).
+    A KeyError names what is missing."""
     return _load(name, part)
 
 

@@ -1,8 +1,9 @@
-"""`chorus transcribe`: a checkpoint's model over audio files, folders and manifests, here or spread
-over Ray actors (`orchestrator.service.batch_inference`), one JSON line per utterance in the
-inputs' order and a last line of totals; a tqdm bar on stderr counts utterances and audio hours
-per second. What the workload's `transcriber` (the registry's part) cannot use is skipped and
-counted by reason."""
+"""Using a trained model: `chorus transcribe`, a checkpoint's model over audio files, folders and
+manifests, here or spread over Ray actors (`orchestrator.service.batch_inference`), one JSON line
+per utterance in the inputs' order and a last line of totals (a tqdm bar on stderr counts
+utterances and audio hours per second; what the workload's `transcriber` cannot use is skipped
+and counted by reason); and `chorus export`, the model as a folder that runs without Chorus (the
+workload's `exporter`)."""
 
 from __future__ import annotations
 
@@ -42,14 +43,7 @@ def transcribe(checkpoint, inputs, out, decoding_kind, no_warps, address, actors
     CHECKPOINT (a run's checkpoint.pt: its newest usable checkpoint). Prints (or writes to --out)
     one JSON line per utterance: id, path, duration, text and the input's reference if it has one;
     the last line holds the totals: utterances, audio hours, real-time factor, skips by reason, WER."""
-    from orchestrator.checkpoint.files import CheckpointError, load
-    from orchestrator.workload import workload_part
-
-    try:
-        state = load(checkpoint).state
-        transcriber = workload_part(state["spec"].get("workload", "asr"), "transcriber")
-    except (CheckpointError, KeyError) as exc:
-        raise click.ClickException(str(exc.args[0] if isinstance(exc, KeyError) else exc)) from None
+    state, transcriber = _checkpoint(checkpoint, "transcriber")
     options = {"decoding": decoding_kind, "warps": not no_warps}
     try:
         local = transcriber.from_checkpoint(state, device=None if actors is None and address is None else "cpu",
@@ -65,12 +59,39 @@ def transcribe(checkpoint, inputs, out, decoding_kind, no_warps, address, actors
         results = _on_ray(records, functools.partial(transcriber.from_checkpoint, **options), state, address,
                           actors or 1, gpus_per_actor, cpus_per_actor)
     skipped, started = Counter(report.counts), time.monotonic()
-    done = _write(results, len(records), out, skipped)
-    summary = {"totals": transcriber.totals(done, dict(skipped), time.monotonic() - started)}
+    done, first = _write(results, len(records), out, skipped)
+    summary = {"totals": {**transcriber.totals(done, dict(skipped), time.monotonic() - started),
+                          "first_result_s": first - started if first is not None else None}}
     if out is not None:
         with open(out, "a") as f:
             f.write(strict_json.dumps(summary) + "\n")
     click.echo(strict_json.dumps(summary))
+
+
+@main.command()
+@click.argument("checkpoint", type=click.Path(exists=True, path_type=Path))
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True, help="The folder to write.")
+def export(checkpoint, out):
+    """Export CHECKPOINT's model (a run's checkpoint.pt: its newest usable checkpoint) into OUT: a
+    TorchScript model with its filterbanks, its units, lexicon and language model, and a
+    transcribe.py that runs it with torch and soundfile alone. Prints a summary JSON line."""
+    state, part = _checkpoint(checkpoint, "exporter")
+    try:
+        click.echo(strict_json.dumps(part(state, out)))
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _checkpoint(path: Path, part: str):
+    """The checkpoint at `path` (its state) and its workload's `part`; a ClickException saying why not."""
+    from orchestrator.checkpoint.files import CheckpointError, load
+    from orchestrator.workload import workload_part
+
+    try:
+        state = load(path).state
+        return state, workload_part(state["spec"].get("workload", "asr"), part)
+    except (CheckpointError, KeyError) as exc:
+        raise click.ClickException(str(exc.args[0] if isinstance(exc, KeyError) else exc)) from None
 
 
 def _on_ray(records: list[dict], make, state: dict, address: str | None, actors: int, gpus: float | None,
@@ -88,16 +109,17 @@ def _on_ray(records: list[dict], make, state: dict, address: str | None, actors:
         ray.shutdown()
 
 
-def _write(results, total: int, out: Path | None, skipped: Counter) -> list[dict]:
+def _write(results, total: int, out: Path | None, skipped: Counter) -> tuple[list[dict], float | None]:
     """Each result as a JSON line (to `out`, or stdout), the skipped ones counted instead; the
-    transcribed ones."""
+    transcribed ones, and when the first result came (a cluster's start-up and the first batch)."""
     from tqdm import tqdm
 
-    done, seconds = [], 0.0
+    done, seconds, first = [], 0.0, None
     sink = open(out, "w") if out is not None else sys.stdout  # noqa: SIM115 - stdout is not to be closed
     bar = tqdm(total=total, unit="utt", file=sys.stderr, dynamic_ncols=True)
     try:
         for result in results:
+            first = first or time.monotonic()
             bar.update(1)
             if "skipped" in result:
                 skipped[result["skipped"]] += 1
@@ -113,4 +135,4 @@ def _write(results, total: int, out: Path | None, skipped: Counter) -> list[dict
         bar.close()
         if sink is not sys.stdout:
             sink.close()
-    return done
+    return done, first

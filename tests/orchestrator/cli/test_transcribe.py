@@ -5,6 +5,8 @@ example runs on the same checkpoint."""
 
 import doctest
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -72,6 +74,35 @@ def test_unusable_inputs_are_counted_and_nothing_usable_is_one_line(run, corpus,
     assert lines[1]["totals"]["wer"] is None
     refused = run_cli("transcribe", str(run / "checkpoint.pt"), str(tmp_path), "--decoding", "lm")
     assert refused.returncode == 1 and "carries no language model" in refused.stderr.strip().splitlines()[-1]
+
+
+def test_the_export_runs_without_chorus_and_transcribes_as_chorus_does(run, corpus, tmp_path):
+    exported = tmp_path / "exported"
+    proc = run_cli("export", str(run / "checkpoint.pt"), "--out", str(exported))
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["files"] == ["config.json", "lexicon.txt", "model.pt", "tokens.txt", "transcribe.py"]
+    assert summary["decoding"] == ["greedy", "lexicon"]
+    manifest = [json.loads(line) for line in (corpus / "test.jsonl").read_text().splitlines()]
+    audio = [str((corpus / m["audio_filepath"]).resolve()) for m in manifest]
+    assert len(audio) == 20
+    site = next(p for p in sys.path if p.endswith("site-packages"))  # torch and soundfile, but not the .pth
+    # files that put Chorus's packages on the path (its editable install's finder)
+    fresh = ("import importlib.util, runpy, sys\n"
+             f"sys.path.append({site!r})\n"
+             "assert importlib.util.find_spec('jobs') is None and importlib.util.find_spec('orchestrator') is None\n"
+             f"sys.argv = ['transcribe.py', *{audio!r}]\n"
+             "runpy.run_path('transcribe.py', run_name='__main__')\n")
+    alone = subprocess.run([sys.executable, "-I", "-S", "-c", fresh], cwd=exported, capture_output=True, text=True,
+                           env={"PATH": "/usr/bin:/bin"})
+    assert alone.returncode == 0, alone.stderr
+    texts = [json.loads(line) for line in alone.stdout.strip().splitlines()]
+    chorus = run_cli("transcribe", str(run / "checkpoint.pt"), str(corpus / "test.jsonl"), "--decoding", "greedy")
+    assert chorus.returncode == 0, chorus.stderr
+    expected = [json.loads(line) for line in chorus.stdout.strip().splitlines()[:-1]]
+    assert [t["path"] for t in texts] == [e["path"] for e in expected] == audio
+    assert [t["text"] for t in texts] == [e["text"] for e in expected]
+    assert sum(t["text"] != "" for t in texts) >= 10  # texts to compare, not nothing
 
 
 def test_the_recognizer_example_runs(run, corpus):
