@@ -13,7 +13,9 @@ process of an earlier start that is still dying, e.g. after its sweep's driver w
 never touches the files of the new one), removed when the trial finishes (and by the sweep, on
 its own node, for trials that Hyperband stopped). Each evaluation (one per epoch)
 is reported to Tune with that folder as the checkpoint (`checkpoint.pt` with every learner's
-state, the curve, `trial.json`); a paused trial resumes from it with `TrainingJob(resume=True)`,
+state, the curve, `trial.json`; its `curves.png` and `tensorboard/` go to the trial's folder of
+the sweep's output instead, beside Tune's own event file); a paused trial resumes from it with
+`TrainingJob(resume=True)`,
 with as many learners as its placement group now has (rung-aware scaling). The last epoch is
 reported after the job's `summary.json` (test WER included) is written, so it is part of the
 last checkpoint: Tune stops a trial at its last report.
@@ -105,7 +107,7 @@ def run_trial(config: dict, sweep_raw: dict) -> None:
 
     # one checkpoint file: Tune persists the folder at every report (and copies hard links as files)
     job = TrainingJob(spec, out, report=report, resume=checkpoint is not None, runtime=RayRuntime(), pool=pool,
-                      keep_checkpoints=1)
+                      keep_checkpoints=1, pictures_dir=Path(context.get_trial_dir()))  # beside Tune's own files
     summary = job.run()
     final = held or {**(job.evals[-1] if job.evals else {}), "learners": learners,
                      "learner_seconds": round(state["learner_seconds"], 2), "starts": state["starts"]}

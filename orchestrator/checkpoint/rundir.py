@@ -25,11 +25,11 @@ import socket
 from pathlib import Path
 
 LOCK = ".lock"
-# what a run's driver writes (TrainingJob: checkpoints, curves, summary; a sweep trial: trial.json), and the
+# what a run's driver writes (TrainingJob: checkpoints, curves, pictures, summary; a sweep trial: trial.json), and the
 # temporary files its learners and evaluator leave when they die mid-write (their files: `state_store.is_store_file`)
 RUN_FILES = ("checkpoint.pt", "checkpoint-*.pt", "checkpoint-*.pt.corrupt", ".checkpoint*.tmp", "evals.jsonl",
              "evals.superseded.jsonl", "events.jsonl", "summary.json", "trial.json", ".state-*.pt.tmp",
-             ".model-*.pt.tmp")
+             ".model-*.pt.tmp", "curves.png", ".curves.png.tmp", "tensorboard", "tensorboard/*")
 
 
 def is_run_file(name: str) -> bool:

@@ -4,10 +4,10 @@
 A run at a URI works in a local staging folder (fresh per run, so it needs nothing of the node
 it ran on before) and mirrors it to the URI: `pull()` brings a stopped run's files there before
 a resume; `push()` — after every checkpoint and when the run ends, however it ends — uploads
-each file that changed and deletes at the URI what the run deleted (older checkpoints), so the
-URI holds what a local run folder would. `checkpoint.pt`, a hard link to the newest numbered
-checkpoint locally, is not uploaded (it would double the bytes): a resume finds the newest
-`checkpoint-<step>.pt` itself. The learners' and the evaluator's checkpoint files
+each file that changed (and those of its `tensorboard/` folder) and deletes at the URI what the
+run deleted (older checkpoints), so the URI holds what a local run folder would. `checkpoint.pt`,
+a hard link to the newest numbered checkpoint locally, is not uploaded (it would double the
+bytes): a resume finds the newest `checkpoint-<step>.pt` itself. The learners' and the evaluator's checkpoint files
 (`state_store.py`) are written straight to the URI by them, and read there: `pull` leaves them.
 
 What a URI run may not lose, this module keeps:
@@ -40,6 +40,7 @@ from orchestrator.checkpoint.uri_lock import LOCK_OBJECT, Lease
 from orchestrator.checkpoint.uris import StorageError, first_line, is_uri, redact
 
 NOT_MIRRORED = (".lock", "checkpoint.pt")  # the local lock, and the link to the newest checkpoint
+MIRRORED_FOLDERS = ("tensorboard",)  # the run's folders whose files are mirrored too (`driver/pictures.py`)
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)\.pt$")  # files.py's numbered checkpoints (that module loads torch)
 
 
@@ -84,10 +85,11 @@ class RunStorage:
         import pyarrow.fs
 
         try:
-            infos = self.fs.get_file_info(pyarrow.fs.FileSelector(self.root, allow_not_found=True))
+            infos = self.fs.get_file_info(pyarrow.fs.FileSelector(self.root, allow_not_found=True, recursive=True))
         except Exception as exc:  # noqa: BLE001
             raise StorageError(f"{self.where}: cannot list it ({first_line(exc)})") from None
-        return sorted(i.base_name for i in infos if i.type == pyarrow.fs.FileType.File and i.base_name != LOCK_OBJECT)
+        names = [i.path[len(self.root):].lstrip("/") for i in infos if i.type == pyarrow.fs.FileType.File]
+        return sorted(n for n in names if n != LOCK_OBJECT and ("/" not in n or n.split("/")[0] in MIRRORED_FOLDERS))
 
     def claim(self, resume: bool, overwrite: bool, job: str | None = None) -> None:
         """Take the URI's lock for the run `job` (`Lease.acquire`), then check what the URI holds
@@ -133,6 +135,7 @@ class RunStorage:
             return
         for name in [n for n in remote if not is_store_file(n)]:
             try:
+                (self.local / name).parent.mkdir(exist_ok=True)
                 with self.fs.open_input_stream(f"{self.root}/{name}") as src, open(self.local / name, "wb") as dst:
                     while chunk := src.read(1 << 22):
                         dst.write(chunk)
@@ -150,6 +153,8 @@ class RunStorage:
         self.lease.renew()
         here = {p.name: p for p in self.local.iterdir() if p.is_file() and p.name not in NOT_MIRRORED
                 and not p.name.startswith(".")}
+        here |= {f"{folder}/{p.name}": p for folder in MIRRORED_FOLDERS if (self.local / folder).is_dir()
+                 for p in (self.local / folder).iterdir() if p.is_file() and not p.name.startswith(".")}
         for name, path in sorted(here.items()):
             stamp = _stamp(path)
             if self._pushed.get(name) == stamp:

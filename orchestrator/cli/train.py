@@ -182,8 +182,10 @@ def evaluate(checkpoint, data, no_warps, decoding_kind):
         raw["decoding"] = {**raw["decoding"], "warps": None}
     if decoding_kind is not None:
         raw["decoding"] = {**raw.get("decoding", {}), "kind": decoding_kind}
+    trained_on = state["spec"]["data"].get("train")  # the words a lexicon decodes to, where the checkpoint has none
+    trained_on = trained_on if trained_on and "://" not in str(trained_on) and Path(trained_on).exists() else str(data)
     workload = cls(cls.Config.model_validate({**raw, "data": {
-        "train": str(data), "max_batch_seconds": state["spec"]["data"]["max_batch_seconds"]}}))
+        "train": trained_on, "max_batch_seconds": state["spec"]["data"]["max_batch_seconds"]}}))
     model = workload.build_model()
     workload.load_state_dict(state, model)
     try:

@@ -1,8 +1,8 @@
 """TrainingJob: one training job, start to summary. It wires the parts — runtime, capacity,
 roster, elastic, group, training loop, evaluator, rollbacks, recovery log, checkpoints — runs
-them for the spec's budget and writes the run folder (`evals.jsonl`, `events.jsonl`,
-checkpoints, `summary.json`). Each part owns one concern (see docs/architecture.md); the job
-holds no policy of its own beyond when to evaluate and checkpoint.
+them for the spec's budget and writes the run folder (`evals.jsonl`, `events.jsonl`, checkpoints,
+`summary.json`, and the pictures: `curves.png`, `tensorboard/`). Each part owns one concern (see
+docs/architecture.md); the job holds no policy of its own beyond when to evaluate and checkpoint.
 """
 
 from __future__ import annotations
@@ -60,11 +60,11 @@ class TrainingJob:
         clock: what the watchdog times learners by (time.time; a test's own).
         staging: with a URI `out_dir`, the local folder the job works in (default: a fresh one);
             with `resume`, a folder a failed upload kept is resumed from and uploaded.
-    """
+        pictures_dir: where `curves.png` and `tensorboard/` go (`pictures.py`; default: the run's folder)."""
 
     def __init__(self, spec: JobSpec, out_dir: str | Path, report: Report | None = None, resume: bool = False,
                  runtime=None, pool=None, overwrite: bool = False, keep_checkpoints: int = KEEP,
-                 clock: Callable[[], float] = time.time, staging: Path | None = None):
+                 clock: Callable[[], float] = time.time, staging: Path | None = None, pictures_dir: Path | None = None):
         self.runtime = runtime or runtime_for(spec)
         self.output = RunOutput(out_dir, staging, resume, overwrite)  # its folder or URI, and their locks
         self.storage = self.output.storage
@@ -87,6 +87,7 @@ class TrainingJob:
         self.events: EventLog | None = None
         self._stop, self._interrupted = threading.Event(), threading.Event()
         self.first_step_at: float | None = None
+        self.pictures_dir = pictures_dir or self.out_dir
 
     def _emit(self, *args, **fields) -> None:
         self.events.emit(*args, **fields)  # the event log is made once the run starts (`_assemble`)
@@ -150,6 +151,7 @@ class TrainingJob:
         try:
             slots = self.elastic.start(checkpoint.learner_ids if checkpoint else [])
             wall_before = self._restore(checkpoint, slots) if checkpoint else 0.0
+            self.snapshots.draw_into(self.pictures_dir, self.spec.name, self.events)
             simulate_divergence(self, slots)
             self.form_group()
             if not self.rollbacks.states:  # before the first checkpoint, a rollback goes back to the start
@@ -171,6 +173,7 @@ class TrainingJob:
             (self.out_dir / "summary.json").write_text(strict_json.dumps(summary, indent=2) + "\n")
             return summary
         finally:
+            self.snapshots.close()
             self.elastic.close_and_release()
 
     def _restore(self, checkpoint: JobCheckpoint, slots) -> float:

@@ -1,17 +1,19 @@
 """Snapshots: the job's keeper of its evaluations and checkpoints (`checkpoint/snapshot.py`'s
 `Snapshot`, one at a time) and of its curve: at most one in flight, one that fell due meanwhile
-started once it is done, its record appended to `evals.jsonl` and its manifest saved
-(`CheckpointFiles`), the rollbacks told the newest states (or that the weights diverged), the
+started once it is done, its record appended to `evals.jsonl` (and drawn: `pictures.py`) and its
+manifest saved (`CheckpointFiles`), the rollbacks told the newest states (or that the weights diverged), the
 record reported; the splits scored at the end."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 from orchestrator.base import strict_json
 from orchestrator.checkpoint.job_checkpoint import CheckpointFiles, JobCheckpoint
 from orchestrator.checkpoint.snapshot import MAX_RETRIES, RETRY, RunningJob, Snapshot, rounded
 from orchestrator.checkpoint.state_store import START
+from orchestrator.driver.pictures import RunPictures
 
 
 class Snapshots:
@@ -33,6 +35,18 @@ class Snapshots:
         self.due: tuple[float, float] | None = None  # (train_loss, start) of one due while `current` runs
         self.retries = 0  # snapshots in a row that a dying learner spoiled
         self.driver_bytes: list[int] = []  # what the driver received for each finished snapshot
+        self.pictures, self.events = None, None  # the curve drawn (`pictures.RunPictures`), once the job runs
+
+    def draw_into(self, folder: Path, name: str, events) -> None:
+        """Draw the curve (the run `name`'s) into `folder` at every evaluation (`RunPictures`), with the
+        membership changes `events` (an EventLog) records; a resumed run's from where its checkpoint was."""
+        self.pictures = RunPictures(folder, name, self.evals[-1]["samples"] if self.evals else None)
+        self.events = events
+
+    def close(self) -> None:
+        """The last picture drawn, the event file flushed."""
+        if self.pictures is not None:
+            self.pictures.close()
 
     def attach(self, run: RunningJob) -> None:
         self.run = run
@@ -82,6 +96,8 @@ class Snapshots:
             self.evals.append(record)
             with open(self.files.out_dir / "evals.jsonl", "a") as f:
                 f.write(strict_json.dumps(record) + "\n")
+            if self.pictures is not None:
+                self.pictures.add(record, self.evals, self.events.recorded)
             self.rollbacks.states = snapshot.manifest["learners"]
             self.files.save(JobCheckpoint.of(self.spec, snapshot.manifest, record["wall_s"], self.evals,
                                              self.run.roster.retired_samples), record["step"])

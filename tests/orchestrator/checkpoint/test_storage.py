@@ -71,23 +71,28 @@ def test_a_run_folder_mirrored_to_s3_and_back(s3, tmp_path):
     (storage.local / "checkpoint-1.pt").write_bytes(b"x" * 5_000_000)
     os.link(storage.local / "checkpoint-1.pt", storage.local / "checkpoint.pt")
     (storage.local / ".lock").write_text("pid 1")
+    (storage.local / "tensorboard").mkdir()
+    (storage.local / "tensorboard" / "events.out.tfevents.1").write_bytes(b"tb")
     storage.push()
-    assert listed(s3, "unit/run/") == [LOCK_OBJECT, "checkpoint-1.pt", "evals.jsonl"]  # its lock, no second copy
+    assert listed(s3, "unit/run/") == [LOCK_OBJECT, "checkpoint-1.pt", "evals.jsonl",  # its lock, no second copy
+                                       "tensorboard/events.out.tfevents.1"]
     (storage.local / "checkpoint-2.pt").write_bytes(b"y" * 10)
     (storage.local / "checkpoint-1.pt").unlink()  # pruned: gone from the bucket too
     storage.push()
     storage.release()
-    assert listed(s3, "unit/run/") == ["checkpoint-2.pt", "evals.jsonl"]
+    assert listed(s3, "unit/run/") == ["checkpoint-2.pt", "evals.jsonl", "tensorboard/events.out.tfevents.1"]
 
     with pytest.raises(StorageError, match=r"s3://chorus/unit/run already holds a run \(checkpoint-2.pt, "
-                                           r"evals.jsonl\): pass --resume to continue it or --overwrite"):
+                                           r"evals.jsonl, tensorboard/events.out.tfevents.1\): pass --resume to "
+                                           r"continue it or --overwrite"):
         RunStorage(uri(s3, "unit/run"), staging=tmp_path / "b").claim(resume=False, overwrite=False)
     assert LOCK_OBJECT not in listed(s3, "unit/run/")  # the refused run's lock went with it
     again = RunStorage(uri(s3, "unit/run"), staging=tmp_path / "c")  # elsewhere: nothing local reused
     again.claim(resume=True, overwrite=False)
     again.pull()
     again.release()
-    assert sorted(p.name for p in again.local.iterdir()) == ["checkpoint-2.pt", "evals.jsonl"]
+    assert sorted(p.name for p in again.local.iterdir()) == ["checkpoint-2.pt", "evals.jsonl", "tensorboard"]
+    assert (again.local / "tensorboard" / "events.out.tfevents.1").read_bytes() == b"tb"
     assert (again.local / "checkpoint-2.pt").read_bytes() == b"y" * 10
     with pytest.raises(StorageError, match="s3://chorus/unit/none: no run there to resume"):
         RunStorage(uri(s3, "unit/none"), staging=tmp_path / "d").claim(resume=True, overwrite=False)
@@ -96,7 +101,8 @@ def test_a_run_folder_mirrored_to_s3_and_back(s3, tmp_path):
 @pytest.mark.unit
 def test_overwrite_at_a_uri_deletes_the_runs_own_files_and_nothing_else(s3, tmp_path):
     run_files = ["checkpoint-8.pt", "checkpoint-16.pt", "evals.jsonl", "evals.superseded.jsonl", "events.jsonl",
-                 "summary.json", "state-16-0.pt", "state-16-1.pt", "model-16.pt", "state-start.pt"]
+                 "summary.json", "state-16-0.pt", "state-16-1.pt", "model-16.pt", "state-start.pt", "curves.png",
+                 "tensorboard/events.out.tfevents.1"]
     others = ["ow/run/notes.txt", "ow/run/data/keep.bin", "ow/run-2/checkpoint-1.pt", "ow/run-2/evals.jsonl",
               "ow/runs.txt"]
     put(s3, *[f"ow/run/{name}" for name in run_files], *others)
@@ -113,6 +119,7 @@ def test_overwrite_at_a_uri_deletes_the_runs_own_files_and_nothing_else(s3, tmp_
     folder = tmp_path / "folder"  # the same files in a folder: the same ones go
     (folder / "data").mkdir(parents=True)
     for name in [*run_files, "notes.txt", "data/keep.bin"]:
+        (folder / name).parent.mkdir(exist_ok=True)
         (folder / name).write_text(name)
     run_dir = RunDir(folder)
     run_dir.claim(overwrite=True)
@@ -225,8 +232,8 @@ def test_a_failed_last_upload_keeps_the_staging_folder_and_a_resume_from_it_uplo
     with pytest.raises(StorageError) as failed:
         job.run()
     assert str(failed.value) == (
-        f"s3://chorus/fail/run/summary.json: cannot write it (When uploading part for key 'chorus/fail/run/"
-        f"summary.json': connection refused); the run's newest files are kept in {staging}: run the same command "
+        f"s3://chorus/fail/run/curves.png: cannot write it (When uploading part for key 'chorus/fail/run/"
+        f"curves.png': connection refused); the run's newest files are kept in {staging}: run the same command "
         f"with --resume --staging {staging} (not --overwrite) to upload them and go on to its budget")
     kept = sorted(p.name for p in staging.iterdir())
     step = json.loads((staging / "summary.json").read_text())["steps"]
@@ -236,9 +243,11 @@ def test_a_failed_last_upload_keeps_the_staging_folder_and_a_resume_from_it_uplo
 
     resumed = TrainingJob(linear_spec(**TINY), out, resume=True, staging=staging).run()
     assert resumed["steps"] == step  # its budget was met: it uploads, and trains no further
-    assert listed(s3, "fail/run/") == sorted([f"checkpoint-{step}.pt", "evals.jsonl", "events.jsonl",
+    pictures = [name for name in listed(s3, "fail/run/") if name.startswith("tensorboard/events.out.tfevents.")]
+    assert len(pictures) == 2  # the stopped run's event file and the resumed one's
+    assert listed(s3, "fail/run/") == sorted([f"checkpoint-{step}.pt", "curves.png", "evals.jsonl", "events.jsonl",
                                               f"model-{step}.pt", f"state-{step}-0.pt", "state-start.pt",
-                                              "summary.json"])
+                                              "summary.json", *pictures])
     assert _read(s3, "fail/run/evals.jsonl") == (staging / "evals.jsonl").read_text()
     assert json.loads(_read(s3, "fail/run/summary.json")) == resumed
 
@@ -248,7 +257,7 @@ def test_a_failed_last_upload_keeps_the_staging_folder_and_a_resume_from_it_uplo
     with pytest.raises(StorageError, match=rf"^{older} is older than s3://chorus/fail/run \(newest checkpoint: "
                                            rf"step {step - 1} against {step}\): resume from the URI alone"):
         TrainingJob(linear_spec(**TINY), out, resume=True, staging=older).run()
-    assert listed(s3, "fail/run/")[-1] == "summary.json" and LOCK_OBJECT not in listed(s3, "fail/run/")
+    assert "summary.json" in listed(s3, "fail/run/") and LOCK_OBJECT not in listed(s3, "fail/run/")
 
 
 @pytest.mark.unit

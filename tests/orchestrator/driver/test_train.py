@@ -2,6 +2,7 @@ import json
 
 import pytest
 import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from jobs.data.manifests import read_corpus
 from jobs.tokenizer import BpeTokenizer, normalize
@@ -58,6 +59,12 @@ def test_cli_train_prints_evals_and_summary_last_then_eval_reads_checkpoint(corp
     assert any(line.startswith("epoch 1  step ") and "dev_wer" in line for line in lines)
     summary = json.loads(lines[-1])
     assert summary == json.loads((out / "summary.json").read_text())
+    evals = [json.loads(line) for line in (out / "evals.jsonl").read_text().splitlines()]
+    events = EventAccumulator(str(out / "tensorboard"))  # the run's pictures: TensorBoard's reader finds its curve
+    events.Reload()
+    assert [(e.step, round(e.value, 2)) for e in events.Scalars("dev_wer")] == [(r["samples"], r["dev_wer"])
+                                                                               for r in evals]
+    assert (out / "curves.png").read_bytes()[:4] == b"\x89PNG"
     proc = run_cli("eval", str(out / "checkpoint.pt"), str(corpus / "test"))
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout.strip().splitlines()[-1])
