@@ -1,7 +1,7 @@
 """The ASR workload's data tools, as commands of `chorus` (the workload registry names this list as
 `asr`'s `commands`; the CLI adds them to its group): `synth` (a speech corpus made here),
-`features` (filterbanks precomputed into shards), `shards` (audio packed into tar shards at a
-folder or URI) and `lm` (a word n-gram language model). Each prints what it made as one JSON line.
+`features` (filterbanks precomputed into shards), `shards` (audio packed into tar shards, or
+Lhotse Shar, at a folder or URI) and `lm` (a word n-gram language model). Each prints what it made as one JSON line.
 Importing this module loads nothing but click: each command imports its tool when it runs."""
 
 from __future__ import annotations
@@ -67,16 +67,25 @@ def features(manifest, out, mel_bins, shard_mb):
 @click.option("--features", "mel_bins", type=click.IntRange(min=1), default=None,
               help="Also store each utterance's log-mel power of this many channels (features.num_mel_bins), "
                    "for learners with data.shard_features to read instead of decoding audio.")
-def shards(manifest, out, shard_mb, mel_bins):
-    """Pack MANIFEST's audio and transcripts into WebDataset-style tar shards at OUT (`shards.json`
-    indexes them), for learners to stream."""
+@click.option("--format", "shard_format", type=click.Choice(["chorus", "lhotse-shar"]), default="chorus",
+              show_default=True,
+              help="chorus: tar shards indexed by shards.json; lhotse-shar: Lhotse Shar (cuts.N.jsonl.gz, "
+                   "recording.N.tar, FLAC audio), written by Lhotse's SharWriter.")
+def shards(manifest, out, shard_mb, mel_bins, shard_format):
+    """Pack MANIFEST's audio and transcripts into shards at OUT (a folder or URI), for learners to
+    stream: WebDataset-style tar shards (`shards.json` indexes them) or Lhotse Shar."""
     from jobs.data.audio_shards import write_audio_shards
+    from jobs.data.lhotse_corpora import write_shar
     from jobs.data.manifests import DataError
 
+    if shard_format == "lhotse-shar" and mel_bins is not None:
+        raise click.ClickException("--features: Lhotse Shar carries no Chorus features; leave it out")
     try:
-        click.echo(_json(write_audio_shards(manifest, out, shard_mb=shard_mb, mel_bins=mel_bins)))
+        written = write_shar(manifest, out, shard_mb=shard_mb) if shard_format == "lhotse-shar" else \
+            write_audio_shards(manifest, out, shard_mb=shard_mb, mel_bins=mel_bins)
     except DataError as exc:
         raise click.ClickException(str(exc)) from None
+    click.echo(_json(written))
 
 
 @click.command()

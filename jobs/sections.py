@@ -19,11 +19,12 @@ class DataConfig(BaseModel):
     """The `data` section of an ASR job: its splits, batching and input pipeline.
 
     Args:
-    train, dev, test, test_unseen, test_unseen_engine: a `.jsonl` manifest, a LibriSpeech-layout
-        directory or a features directory (`chorus features`: filterbanks computed once) each; all
-        but `train` may be left out. `train` may also be audio shards (`chorus shards`) at a folder
-        or a URI (`s3://bucket/corpus?endpoint_override=host:port`): each learner streams the
-        shards planned for it, and nothing reads the whole corpus. `test_unseen` is meant for voices
+    train, dev, test, test_unseen, test_unseen_engine: a `.jsonl` manifest, a Lhotse CutSet manifest
+        (`.jsonl.gz`), a LibriSpeech-layout directory or a features directory (`chorus features`:
+        filterbanks computed once) each; all but `train` may be left out. `train` may also be audio
+        shards (`chorus shards`) or a Lhotse Shar directory (`chorus shards --format lhotse-shar`)
+        at a folder or a URI (`s3://bucket/corpus?endpoint_override=host:port`): each learner
+        streams the shards planned for it, and nothing reads the whole corpus. `test_unseen` is meant for voices
         never heard in training, `test_unseen_engine` for speech from a synthesizer (or recording
         setup) never heard in training.
     max_batch_seconds: padded audio seconds per batch (utterances x longest in the batch).
@@ -66,8 +67,9 @@ class DataConfig(BaseModel):
             return path
         if not path.exists():
             raise ValueError(f"no such manifest or directory: '{path}'")
-        if path.is_file() and path.suffix != ".jsonl":
-            raise ValueError(f"'{path}' is neither a .jsonl manifest nor a LibriSpeech-layout or features directory")
+        if path.is_file() and path.suffix != ".jsonl" and not path.name.endswith(".jsonl.gz"):
+            raise ValueError(f"'{path}' is neither a .jsonl manifest, a Lhotse CutSet (.jsonl.gz) nor a LibriSpeech-"
+                             "layout, features or Lhotse Shar directory")
         return path
 
     @field_validator("max_batch_seconds")

@@ -17,6 +17,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from jobs.data.audio_inputs import Clip, read_inputs
+from jobs.data.lhotse_corpora import cut_audio
 from jobs.data.manifests import AudioError, SkipReport, load_audio
 from jobs.recognizer import SpeechRecognizer
 from jobs.wer import word_error_rate
@@ -46,15 +47,17 @@ class ClipTranscriber:
         out, readable, waveforms = list(clips), [], []
         for k, clip in enumerate(clips):
             try:
-                waveforms.append(load_audio(clip["path"], self.recognizer.max_seconds))
+                waveforms.append(cut_audio(clip["cut"], self.recognizer.max_seconds) if clip.get("cut")
+                                 else load_audio(clip["path"], self.recognizer.max_seconds))
                 readable.append(k)
             except AudioError as exc:
-                out[k] = {**clip, "skipped": exc.reason, "detail": exc.detail}
+                out[k] = {**{key: v for key, v in clip.items() if key != "cut"}, "skipped": exc.reason,
+                          "detail": exc.detail}
         texts = self.recognizer.transcribe_waveforms(waveforms, [clips[k]["duration"] for k in readable],
                                                      [clips[k]["id"] for k in readable])
         for k, text in zip(readable, texts, strict=True):
-            out[k] = {key: value for key, value in clips[k].items() if key != "reference"} | {"text": text} | (
-                {"reference": clips[k]["reference"]} if "reference" in clips[k] else {})
+            fields = {key: value for key, value in clips[k].items() if key not in ("reference", "cut")}
+            out[k] = fields | {"text": text} | ({"reference": clips[k]["reference"]} if "reference" in clips[k] else {})
         return out
 
     @staticmethod
@@ -64,9 +67,7 @@ class ClipTranscriber:
 
 def record(clip: Clip) -> dict:
     fields = {**asdict(clip), "path": str(clip.path)}
-    if fields["reference"] is None:
-        del fields["reference"]
-    return fields
+    return {key: value for key, value in fields.items() if value is not None or key not in ("reference", "cut")}
 
 
 def totals(records: list[dict], skipped: dict[str, int], wall_s: float) -> dict:

@@ -1,7 +1,8 @@
 """What `chorus transcribe` is given to transcribe, as a list of clips in the input's order: audio
 files (whatever soundfile reads), folders of them (searched recursively; the transcripts of a
-LibriSpeech-layout folder's `*.trans.txt` become references) and JSONL manifests (NeMo's
-`audio_filepath`, with `text` as the reference where a line has one). Each clip's duration is
+LibriSpeech-layout folder's `*.trans.txt` become references), JSONL manifests (NeMo's
+`audio_filepath`, with `text` as the reference where a line has one) and Lhotse CutSet manifests
+(`*.jsonl.gz`: each cut's audio as Lhotse loads it, its supervisions' text the reference). Each clip's duration is
 read from its header; a missing, unreadable, empty, too short or too long file, or a malformed
 manifest line, is skipped and counted by reason in a `SkipReport`, as training counts them.
 
@@ -32,6 +33,7 @@ class Clip:
     path: Path
     duration: float
     reference: str | None = None
+    cut: dict | None = None  # a Lhotse cut's, where the input is a CutSet manifest (its audio loaded by Lhotse)
 
 
 def read_inputs(inputs: list[str | Path], max_seconds: float = math.inf) -> tuple[list[Clip], SkipReport]:
@@ -43,6 +45,10 @@ def read_inputs(inputs: list[str | Path], max_seconds: float = math.inf) -> tupl
             clips += _folder(source, report, max_seconds)
         elif source.suffix == ".jsonl":
             clips += _manifest(source, report, max_seconds)
+        elif source.name.endswith(".jsonl.gz"):
+            from jobs.data.lhotse_corpora import read_cutset
+
+            clips += [Clip(u.id, u.path, u.duration, u.text, u.cut) for u in read_cutset(source, report, max_seconds)]
         else:
             clips += _files([source], {}, report, max_seconds)
     return clips, report

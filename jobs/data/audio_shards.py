@@ -146,7 +146,7 @@ class ShardUtterance:
         return torch.from_numpy(values.astype(np.float32))
 
 
-def _filesystem(location: str | Path):
+def filesystem(location: str | Path):
     """(pyarrow filesystem, root path) of a local folder or a URI; a URI it cannot open is one line."""
     import pyarrow.fs
 
@@ -170,7 +170,7 @@ def write_audio_shards(manifest: str | Path, out: str | Path, shard_mb: float = 
     utterances, skipped = read_corpus(manifest)
     if not utterances:
         raise DataError(f"no usable utterances in {manifest}: {skipped.describe()}")
-    fs, root = _filesystem(out)
+    fs, root = filesystem(out)
     fs.create_dir(root, recursive=True)
     shards, dealt = [], _deal(utterances, shard_mb * 2**20, seed)
     fbank = Fbank(mel_bins) if mel_bins else None
@@ -227,7 +227,7 @@ class AudioShards:
 
     def __init__(self, location: str | Path):
         self.location = str(location)
-        self.fs, self.root = _filesystem(location)
+        self.fs, self.root = filesystem(location)
         where = f"{self.location.split('?')[0]}/{INDEX}"
         index = self._index(where)
         self.mel_bins = index.get("mel_bins")  # the log-mel channels each utterance carries; None: audio only

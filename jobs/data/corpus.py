@@ -19,7 +19,7 @@ import torch
 
 from jobs.data.batch import Batch, padded_batch
 from jobs.data.feature_shards import FeatureShards, is_features_folder
-from jobs.data.manifests import AudioError, DataError, Utterance, load_audio, read_corpus, shard_batches
+from jobs.data.manifests import AudioError, DataError, Utterance, read_corpus, shard_batches, utterance_audio
 from jobs.data.pipeline import FeatureCache, Prefetcher
 from jobs.data.worker_batches import WorkerBatches, default_workers
 from jobs.features.augment import Augment, Draws
@@ -116,14 +116,14 @@ class Corpus:
             if self.shards is not None:
                 raise DataError(f"{WARPS_NEED_AUDIO}: {self.source} is a features folder; {WARPS_ADVICE}")
             return self._cached(i, f"features@{warp:g}", lambda utt: self.fbank(
-                load_audio(utt.path, self.max_seconds), warp=warp), keep=False)
+                utterance_audio(utt, self.max_seconds), warp=warp), keep=False)
         if self.augment is not None and epoch is not None:
-            waveform = self._cached(i, "waveform", lambda utt: load_audio(utt.path, self.max_seconds))
+            waveform = self._cached(i, "waveform", lambda utt: utterance_audio(utt, self.max_seconds))
             if waveform is None:
                 return None
             return self.fbank(self.augment(waveform, epoch, i), warp=self.augment.warp(epoch, i))
         return self._cached(i, "features", lambda utt: self.shards.read(i) if self.shards
-                            else self.fbank(load_audio(utt.path, self.max_seconds)))
+                            else self.fbank(utterance_audio(utt, self.max_seconds)))
 
     def _cached(self, i: int, what: str, read: Callable[[Utterance], torch.Tensor],
                 keep: bool = True) -> torch.Tensor | None:
@@ -155,7 +155,7 @@ class Corpus:
     def _audio_batch(self, indices: list[int], epoch: int) -> Batch | None:
         """The readable utterances of `indices` as clean waveforms with their draws for `epoch`."""
         items = [(i, w) for i in indices if (w := self._cached(
-            i, "waveform", lambda utt: load_audio(utt.path, self.max_seconds))) is not None]
+            i, "waveform", lambda utt: utterance_audio(utt, self.max_seconds))) is not None]
         draws = [self.augment.draws(epoch, i, len(w)) if self.augment else Draws() for i, w in items]
         return self._batch(items, AudioBatch.of([w for _, w in items], draws) if items else None)
 

@@ -43,8 +43,8 @@ from jobs.data.manifests import (
     SkipReport,
     Utterance,
     first_line,
-    load_audio,
     read_corpus,
+    utterance_audio,
 )
 from jobs.features.filterbanks import Fbank, frames_in
 
@@ -86,7 +86,7 @@ def write_shards(source: str | Path, out: str | Path, num_mel_bins: int = 80, sh
     try:
         for utt in utterances:
             try:
-                frames = fbank(load_audio(utt.path, max_seconds)).numpy().astype(DTYPE)
+                frames = fbank(utterance_audio(utt, max_seconds)).numpy().astype(DTYPE)
             except AudioError as exc:
                 report.skip(str(utt.path), exc.reason, str(utt.path))
                 continue

@@ -40,6 +40,17 @@ class Utterance:
     path: Path
     duration: float
     text: str
+    cut: dict | None = field(default=None, compare=False, repr=False)  # a Lhotse cut's (`lhotse_corpora`)
+
+
+def utterance_audio(utt: Utterance, max_seconds: float | None = None) -> torch.Tensor:
+    """An utterance's 16 kHz mono waveform: its file's (`load_audio`), or a Lhotse cut's as Lhotse
+    loads it (`jobs.data.lhotse_corpora.cut_audio`)."""
+    if utt.cut is not None:
+        from jobs.data.lhotse_corpora import cut_audio
+
+        return cut_audio(utt.cut, math.inf if max_seconds is None else max_seconds)
+    return load_audio(utt.path, max_seconds)
 
 
 TOO_LONG = "longer than data.max_utterance_seconds"
@@ -214,16 +225,21 @@ def probe_duration(path: Path, where: str, report: SkipReport, max_seconds: floa
 
 
 def read_corpus(source: str | Path, max_seconds: float = math.inf) -> tuple[list[Utterance], SkipReport]:
-    """Utterances of a JSONL manifest or a LibriSpeech-layout directory, sorted by id; those longer
-    than `max_seconds` are skipped."""
+    """Utterances of a JSONL manifest, a LibriSpeech-layout directory or a Lhotse CutSet manifest
+    (`*.jsonl.gz`, `jobs.data.lhotse_corpora`), sorted by id; those longer than `max_seconds` are skipped."""
     source = Path(source)
     report = SkipReport()
     if source.is_dir():
         utts = _read_librispeech(source, report, max_seconds)
     elif source.suffix == ".jsonl":
         utts = _read_jsonl(source, report, max_seconds)
+    elif source.name.endswith(".jsonl.gz"):
+        from jobs.data.lhotse_corpora import read_cutset
+
+        utts = read_cutset(source, report, max_seconds)
     else:
-        raise ValueError(f"{source}: expected a .jsonl manifest or a LibriSpeech-layout directory")
+        raise ValueError(f"{source}: expected a .jsonl manifest, a Lhotse CutSet (.jsonl.gz) or a LibriSpeech-layout "
+                         "directory")
     return sorted(utts, key=lambda u: u.id), report
 
 

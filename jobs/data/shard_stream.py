@@ -31,6 +31,7 @@ import numpy as np
 from jobs.data.audio_shards import INDEX, MALFORMED_MEMBER, AudioShards, ShardUtterance, UnusableMember
 from jobs.data.batch import Batch, padded_batch
 from jobs.data.heap import HeapTrimmer
+from jobs.data.lhotse_corpora import SharShards, is_shar
 from jobs.data.manifests import STATED_SLACK_S, TOO_LONG, AudioError, DataError, first_line
 from jobs.data.pipeline import Prefetcher
 from jobs.features.augment import Augment, Draws
@@ -48,8 +49,13 @@ BUDGET_FLOOR_S = STATED_SLACK_S  # what an utterance counts for in a batch's bud
 
 
 def is_shard_source(source) -> bool:
-    """Whether a data source names audio shards: a URI, or a folder with their index."""
-    return "://" in str(source) or (Path(source) / INDEX).is_file()
+    """Whether a data source names shards to stream: a URI, or a folder with Chorus's index or Lhotse Shar."""
+    return "://" in str(source) or (Path(source) / INDEX).is_file() or is_shar(source)
+
+
+def open_shards(source) -> AudioShards | SharShards:
+    """The shards at `source`: Lhotse Shar where its first cuts manifest is, else Chorus's audio shards."""
+    return SharShards(source) if is_shar(source) else AudioShards(source)
 
 
 def plan_shards(counts: list[int], epoch: int, seed: int, rank: int, world_size: int,
@@ -89,7 +95,7 @@ class StreamCorpus:
 
     def __init__(self, source, fbank: Fbank, tokenizer: Callable, max_seconds: float = math.inf,
                  augment: Augment | None = None, on_device: bool = False, shard_features: bool = False):
-        self.source, self.shards = str(source), AudioShards(source)
+        self.source, self.shards = str(source), open_shards(source)
         self.fbank, self.tokenizer, self.max_seconds = fbank, tokenizer, max_seconds
         self.augment = augment if augment is not None and augment.enabled else None
         self.on_device, self.shard_features = on_device and not shard_features, shard_features
