@@ -62,6 +62,8 @@ def export(state: dict, out: Path) -> dict:
     replaced); returns a summary: the folder, its files, the units and what decoding it offers."""
     recognizer = SpeechRecognizer.from_checkpoint(state, warps=False, device="cpu")
     out.mkdir(parents=True, exist_ok=True)
+    for name in ("lexicon.txt", "lm.arpa"):  # an earlier export's, which this checkpoint may not replace
+        (out / name).unlink(missing_ok=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # torch.jit.script's notice of its deprecation
         torch.jit.script(ExportedModel(recognizer).eval()).save(str(out / "model.pt"))

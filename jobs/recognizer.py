@@ -1,8 +1,9 @@
 """A trained speech model put to use: audio in (files, or arrays at any rate, stereo mixed down),
 text out, decoded as its checkpoint says (or greedy, lexicon, lm). Utterances are batched as
 evaluation batches them (by duration, then id, within the checkpoint's `data.max_batch_seconds`),
-so the same audio gives the same text that `chorus eval` scores. `chorus transcribe`,
-`orchestrator.Recognizer` and `chorus export` build on it.
+so a set transcribed together on the same device gives the texts `chorus eval` scores. (The
+BiLSTM reads a batch padded, so the same utterance in another batch can come out a little
+differently.) `chorus transcribe`, `orchestrator.Recognizer` and `chorus export` build on it.
 
 Example (`state`: a checkpoint's, as `orchestrator.checkpoint.files.load` reads it):
     >>> recognizer = SpeechRecognizer.from_checkpoint(state, decoding="greedy")
@@ -58,6 +59,11 @@ class SpeechRecognizer:
             raise ValueError("lm decoding: this checkpoint carries no language model (it was not trained with "
                              "decoding.kind: lm) and its decoding.lm names no file here")
         config = WorkloadConfig.model_validate(raw, context={"check_paths": False})  # another machine's paths
+        train = config.data.train
+        if config.decoding.uses_lexicon and "lexicon" not in state and "://" not in str(train) and \
+                not Path(train).exists():
+            raise ValueError(f"{config.decoding.kind} decoding: this checkpoint carries no words (it was trained "
+                             f"decoding greedy), and its training data {train} is not here to take them from")
         workload = AsrWorkload(config)
         model = workload.build_model()
         workload.load_state_dict(state, model)

@@ -60,9 +60,9 @@ class ClipTranscriber:
             out[k] = fields | {"text": text} | ({"reference": clips[k]["reference"]} if "reference" in clips[k] else {})
         return out
 
-    @staticmethod
-    def totals(records: list[dict], skipped: dict[str, int], wall_s: float) -> dict:
-        return totals(records, skipped, wall_s)
+    def totals(self, records: list[dict], skipped: dict[str, int], wall_s: float) -> dict:
+        """`totals`, its WER over references and texts normalized as evaluation normalizes them."""
+        return totals(records, skipped, wall_s, self.recognizer.workload.tokenizer.normalize)
 
 
 def record(clip: Clip) -> dict:
@@ -70,14 +70,16 @@ def record(clip: Clip) -> dict:
     return {key: value for key, value in fields.items() if value is not None or key not in ("reference", "cut")}
 
 
-def totals(records: list[dict], skipped: dict[str, int], wall_s: float) -> dict:
+def totals(records: list[dict], skipped: dict[str, int], wall_s: float, normalize=str.lower) -> dict:
     """The last line of a transcription: utterances, audio hours, wall time, real-time factor
-    (wall / audio seconds), skips by reason and, over the utterances with references, the WER."""
+    (wall / audio seconds), skips by reason and, over the utterances with references, the WER
+    (references `normalize`d, as a tokenizer normalizes the transcripts it trains on)."""
     audio_s = sum(r["duration"] for r in records)
     scored = [r for r in records if "reference" in r]
     return {"utterances": len(records), "audio_hours": audio_s / 3600, "wall_s": wall_s,
             "real_time_factor": wall_s / audio_s if audio_s else None,
             "utterances_per_s": len(records) / wall_s if wall_s else None,
             "skipped": dict(sorted(skipped.items())), "skipped_total": sum(skipped.values()),
-            "wer": word_error_rate([r["reference"] for r in scored], [r["text"] for r in scored]) if scored else None,
+            "wer": word_error_rate([normalize(r["reference"]) for r in scored], [r["text"] for r in scored])
+            if scored else None,
             "scored_utterances": len(scored)}

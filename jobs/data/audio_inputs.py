@@ -48,7 +48,8 @@ def read_inputs(inputs: list[str | Path], max_seconds: float = math.inf) -> tupl
         elif source.name.endswith(".jsonl.gz"):
             from jobs.data.lhotse_corpora import read_cutset
 
-            clips += [Clip(u.id, u.path, u.duration, u.text, u.cut) for u in read_cutset(source, report, max_seconds)]
+            clips += [Clip(u.id, u.path, u.duration, u.text or None, u.cut)
+                      for u in read_cutset(source, report, max_seconds, need_text=False)]
         else:
             clips += _files([source], {}, report, max_seconds)
     return clips, report

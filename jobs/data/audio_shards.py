@@ -196,8 +196,7 @@ def write_audio_shards(manifest: str | Path, out: str | Path, shard_mb: float = 
 
 def _members(utt, fbank: Fbank | None) -> list[tuple[str, bytes]]:
     """An utterance's tar members: its audio file, its log-mel power (with `fbank`), its json."""
-    audio = Path(utt.path).read_bytes()
-    suffix = Path(utt.path).suffix or NO_EXTENSION
+    audio, suffix = _audio_file(utt)
     meta, members = {"text": utt.text, "duration": utt.duration}, [(f"{utt.id}{suffix}", audio)]
     if fbank is not None:
         waveform = load_audio(io.BytesIO(audio))
@@ -205,6 +204,25 @@ def _members(utt, fbank: Fbank | None) -> list[tuple[str, bytes]]:
         meta.update(frames=mel.shape[0], power=float(waveform.pow(2).mean()))
         members.append((f"{utt.id}.mel", mel.tobytes()))
     return members + [(f"{utt.id}.json", json.dumps(meta, allow_nan=False).encode())]
+
+
+def _audio_file(utt) -> tuple[bytes, str]:
+    """An utterance's audio as a file's bytes and extension: its file's, or for a Lhotse cut (a
+    segment of a recording, perhaps) its samples as Lhotse loads them, written as 16 kHz FLAC."""
+    if utt.cut is None:
+        return Path(utt.path).read_bytes(), Path(utt.path).suffix or NO_EXTENSION
+    import soundfile
+
+    from jobs.data.manifests import utterance_audio
+
+    out = io.BytesIO()
+    soundfile.write(out, utterance_audio(utt).numpy(), 16_000, format="FLAC")
+    return out.getvalue(), ".flac"
+
+
+def _size(utt) -> float:
+    """An utterance's bytes in a shard, for sizing shards: its file's, or a cut's as 16-bit audio."""
+    return Path(utt.path).stat().st_size if utt.cut is None else utt.duration * 32_000
 
 
 def _deal(utterances: list, shard_bytes: float, seed: int) -> list[list]:
@@ -217,7 +235,7 @@ def _deal(utterances: list, shard_bytes: float, seed: int) -> list[list]:
             shards.append([])
             size = 0
         shards[-1].append(utterances[i])
-        size += Path(utterances[i].path).stat().st_size
+        size += _size(utterances[i])
     return [sorted(members, key=lambda u: (u.duration, u.id)) for members in shards]
 
 

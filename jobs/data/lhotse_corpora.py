@@ -37,6 +37,7 @@ from pathlib import Path
 
 import torch
 
+from jobs.data.audio_shards import UnusableMember, filesystem
 from jobs.data.manifests import (
     SHORTEST_S,
     TOO_LONG,
@@ -55,9 +56,22 @@ CUTSET_SUFFIX = ".jsonl.gz"
 SHAR_CUTS = re.compile(r"^cuts\.(\d{6})\.jsonl\.gz$")
 FIRST_SHAR_CUTS = "cuts.000000.jsonl.gz"
 MALFORMED_CUT = "malformed cut"
+UNREADABLE_SHARD = "unreadable shard"  # (`jobs.data.shard_stream`'s reason for the same)
 UNREADABLE_MANIFEST = "unreadable manifest"
 NO_TRANSCRIPT = "no transcript"
 MAX_CUTS_FILE = 256 << 20  # bytes of a shard's cuts manifest read at most (decompressed)
+MAX_MEMBER = 256 << 20  # bytes of a Shar tar member read at most (as `jobs.data.tar_stream`)
+NO_SHELL = "LibsndfileBackend"  # Lhotse's audio backend here: libsndfile alone. Lhotse's default picks one by the
+# file's name, and reads `.sph` (sph2pipe) and `.opus` (ffmpeg) through a shell with the path unquoted
+
+
+def _lhotse():
+    """Lhotse, its audio read by libsndfile only (`NO_SHELL`), for every thread of this process."""
+    import lhotse
+    from lhotse.audio.backend import set_current_audio_backend
+
+    set_current_audio_backend(NO_SHELL)
+    return lhotse
 
 
 def is_cutset(source) -> bool:
@@ -68,8 +82,6 @@ def is_shar(source) -> bool:
     """Whether `source` (a folder or URI) holds a Lhotse Shar directory."""
     if "://" not in str(source):
         return (Path(source) / FIRST_SHAR_CUTS).is_file()
-    from jobs.data.audio_shards import filesystem
-
     fs, root = filesystem(source)
     import pyarrow.fs
 
@@ -83,6 +95,7 @@ def _cut(line: str, sources: tuple[str, ...] = ("file",)):
     """The cut a manifest line holds (Lhotse's deserialization), or None with why not: a single
     recording's cut (a MonoCut) whose audio sources are all of `sources`' types (a file; never
     Lhotse's `command` or `url` sources, which would run a shell command or reach the network)."""
+    _lhotse()
     from lhotse.cut import MonoCut
     from lhotse.serialization import deserialize_item
 
@@ -100,26 +113,27 @@ def _cut(line: str, sources: tuple[str, ...] = ("file",)):
         return None, first_line(exc), 0.0
 
 
-def read_cutset(manifest: Path, report: SkipReport, max_seconds: float = math.inf) -> list[Utterance]:
-    """The utterances of a CutSet manifest, one a cut with a transcript and a usable duration."""
+def read_cutset(manifest: Path, report: SkipReport, max_seconds: float = math.inf,
+                need_text: bool = True) -> list[Utterance]:
+    """The utterances of a CutSet manifest, one a cut with a usable duration and (`need_text`) a transcript."""
     utterances, line_no = [], 0
     try:
         with gzip.open(manifest, "rt", encoding="utf-8", errors="replace") as lines:
             for line_no, line in enumerate(lines, start=1):
                 if line.strip():
-                    _listed(line, f"{manifest}:{line_no}", manifest, report, max_seconds, utterances)
+                    _listed(line, f"{manifest}:{line_no}", manifest, report, max_seconds, utterances, need_text)
     except (OSError, EOFError, zlib.error) as exc:  # not gzip, or cut short
         report.skip(f"{manifest} from line {line_no + 1} ({first_line(exc)})", UNREADABLE_MANIFEST, str(manifest))
     return utterances
 
 
 def _listed(line: str, where: str, manifest: Path, report: SkipReport, max_seconds: float,
-            utterances: list[Utterance]) -> None:
+            utterances: list[Utterance], need_text: bool) -> None:
     """A CutSet line's utterance appended to `utterances`, or skipped and counted."""
     cut, text, duration = _cut(line)
     if cut is None:
         report.skip(f"{where} ({text})", MALFORMED_CUT, where)
-    elif not text:
+    elif not text and need_text:
         report.skip(f"cut {cut.id} ({where})", NO_TRANSCRIPT, where)
     elif not SHORTEST_S <= duration <= max_seconds:
         report.skip(f"cut {cut.id} ({where}, {duration:.2f} s)", TOO_SHORT if duration < SHORTEST_S else TOO_LONG,
@@ -131,6 +145,7 @@ def _listed(line: str, where: str, manifest: Path, report: SkipReport, max_secon
 def cut_audio(cut, max_seconds: float = math.inf) -> torch.Tensor:
     """A cut's audio (a cut, or its dict) as Lhotse loads it, mono at 16 kHz; an AudioError when
     Lhotse cannot load it or it is longer than `max_seconds` (or than the cut says)."""
+    _lhotse()
     if isinstance(cut, dict):
         from lhotse.serialization import deserialize_item
 
@@ -171,13 +186,16 @@ class SharShards:
     mel_bins = None  # no Chorus features: data.shard_features is refused
 
     def __init__(self, location: str | Path):
-        from jobs.data.audio_shards import filesystem
-
         self.location = str(location)
         self.fs, self.root = filesystem(location)
         self.skipped, self.counts, self._texts = SkipReport(), {}, []
         for name in self._shard_numbers():
-            manifest = self._read_text(f"cuts.{name}.jsonl.gz")
+            try:
+                manifest = self._read_text(f"cuts.{name}.jsonl.gz")
+            except (OSError, EOFError, ValueError) as exc:  # not gzip, cut short, too large: not planned
+                self.skipped.skip(f"{self.location.split('?')[0]}/cuts.{name}.jsonl.gz ({first_line(exc)})",
+                                  UNREADABLE_SHARD, name)
+                continue
             count = 0
             for line in manifest.splitlines():
                 if line.strip():
@@ -208,51 +226,86 @@ class SharShards:
     def texts(self, limit: int | None = None) -> list[str]:
         return self._texts[:limit]
 
-    def read(self, name: str, skip: int = 0, max_seconds: float = math.inf) -> Iterator[SharUtterance]:
-        """Shard `name`'s cuts in order after its first `skip` (their audio read past, not decoded).
-        A cut line or tar member Lhotse cannot read, or a tar that does not match the cuts,
+    def read(self, name: str, skip: int = 0, max_seconds: float = math.inf
+             ) -> Iterator[SharUtterance | UnusableMember]:
+        """Shard `name`'s cuts in order after its first `skip` (their audio read past, not decoded);
+        a cut without a transcript comes as an `UnusableMember`. A cut line or tar member Lhotse
+        cannot read, a tar that does not match the cuts or holds a member over MAX_MEMBER bytes
         raises ValueError (its reader counts the rest of the shard as unreadable)."""
-        from lhotse.serialization import decode_json_line, deserialize_item
-        from lhotse.shar.readers.tar import iterate_tarfile_pairwise
-        from lhotse.shar.utils import fill_shar_placeholder
-
         lines = [line for line in self._read_text(f"cuts.{name}.jsonl.gz").splitlines() if line.strip()]
         with self.fs.open_input_stream(f"{self.root}/recording.{name}.tar") as stream, \
-                tarfile.open(fileobj=stream, mode="r|*") as tar:
-            for n, (line, pair) in enumerate(zip(lines, iterate_tarfile_pairwise(tar), strict=False)):
-                if n < skip:
-                    continue
-                (data, data_path), (meta, _) = pair
+                tarfile.open(fileobj=stream, mode="r|") as tar:  # a Shar tar is not compressed
+            members = _member_pairs(tar)
+            for n, line in enumerate(lines):
                 try:
-                    cut, why, _ = _cut(line, sources=("shar",))  # a placeholder, filled from the tar below
-                    if cut is None:
-                        raise ValueError(why)
-                    recording = deserialize_item(decode_json_line(meta.decode("utf-8")))
-                    if str(data_path.parent / data_path.stem) != cut.id:
-                        raise ValueError(f"member {data_path} is not cut {cut.id}'s audio")
-                    fill_shar_placeholder(manifest=recording, data=data, tarpath=data_path)
-                    cut.recording = recording
-                    text = " ".join(s.text for s in cut.supervisions if isinstance(s.text, str)).strip().lower()
+                    pair = next(members, None)
+                    if pair is None:
+                        return  # the tar ended first: its reader counts the shard as cut short
+                    if n < skip:
+                        continue
+                    cut, text = _filled(line, *pair)
+                except (tarfile.TarError, OSError, EOFError):
+                    raise
                 except Exception as exc:  # noqa: BLE001 - what a hostile shard makes Lhotse raise
                     raise ValueError(f"cut {n} of shard {name}: {first_line(exc)}") from None
-                yield SharUtterance(cut.id, text, float(cut.duration), cut, max_seconds)
+                yield SharUtterance(cut.id, text, float(cut.duration), cut, max_seconds) if text else \
+                    UnusableMember(str(cut.id), NO_TRANSCRIPT)
+
+
+def _member_pairs(tar: tarfile.TarFile) -> Iterator[tuple[tuple[bytes | None, Path], tuple[bytes | None, Path]]]:
+    """A Shar tar's (data, its path), (metadata, its path) pairs, as Lhotse's `iterate_tarfile_pairwise`
+    gives them, each member a file of at most MAX_MEMBER bytes."""
+    pending = []
+    for info in tar:
+        if not info.isfile() or info.size > MAX_MEMBER:
+            raise ValueError(f"member {info.name!r} is not a file of at most {MAX_MEMBER >> 20} MB")
+        path = Path(info.name)
+        pending.append((None if path.suffix in (".nodata", ".nometa") else tar.extractfile(info).read(), path))
+        if len(pending) == 2:
+            yield pending[0], pending[1]
+            pending = []
+
+
+def _filled(line: str, data_part: tuple[bytes | None, Path], meta_part: tuple[bytes | None, Path]):
+    """The cut of a Shar manifest line with its audio from its tar members (Lhotse's parsing), and its text."""
+    from lhotse.serialization import decode_json_line, deserialize_item
+    from lhotse.shar.utils import fill_shar_placeholder
+
+    (data, data_path), (meta, _) = data_part, meta_part
+    cut, why, _ = _cut(line, sources=("shar",))  # a placeholder, filled from the tar below
+    if cut is None:
+        raise ValueError(why)
+    if data is None or meta is None or str(data_path.parent / data_path.stem) != cut.id:
+        raise ValueError(f"member {data_path} is not cut {cut.id}'s audio")
+    recording = deserialize_item(decode_json_line(meta.decode("utf-8")))
+    fill_shar_placeholder(manifest=recording, data=data, tarpath=data_path)
+    cut.recording = recording
+    return cut, " ".join(s.text for s in cut.supervisions if isinstance(s.text, str)).strip().lower()
 
 
 def write_shar(manifest: str | Path, out: str, shard_mb: float = 64.0) -> dict:
-    """`manifest`'s utterances (a JSONL manifest or LibriSpeech folder) as Lhotse Shar at `out` (a
-    folder or URI), shards of about `shard_mb` of audio, the audio as FLAC; a summary."""
-    from lhotse import CutSet, Recording, RecordingSet, SupervisionSegment, SupervisionSet
+    """`manifest`'s utterances (a JSONL manifest, LibriSpeech folder or CutSet) as Lhotse Shar at
+    `out` (a folder or URI), shards of about `shard_mb` of audio, the audio as FLAC; a summary."""
+    _lhotse()
+    from lhotse import CutSet, Recording, SupervisionSegment
+    from lhotse.cut import MonoCut
+    from lhotse.serialization import deserialize_item
     from lhotse.shar.writers.shar import SharWriter
 
     utterances, skipped = read_corpus(manifest)
     if not utterances:
         raise DataError(f"no usable utterances in {manifest}: {skipped.describe()}")
-    recordings = RecordingSet.from_recordings(Recording.from_file(u.path, recording_id=u.id) for u in utterances)
-    supervisions = SupervisionSet.from_segments(
-        SupervisionSegment(id=u.id, recording_id=u.id, start=0.0, duration=u.duration, text=u.text)
-        for u in utterances)
-    cuts = CutSet.from_manifests(recordings=recordings, supervisions=supervisions).trim_to_supervisions()
-    mean_bytes = sum(u.path.stat().st_size for u in utterances) / len(utterances)
+
+    def cut_of(u: Utterance) -> MonoCut:
+        if u.cut is not None:
+            return deserialize_item(u.cut)
+        recording = Recording.from_file(u.path, recording_id=u.id)
+        return MonoCut(id=u.id, start=0.0, duration=recording.duration, channel=0, recording=recording,
+                       supervisions=[SupervisionSegment(id=u.id, recording_id=u.id, start=0.0,
+                                                        duration=recording.duration, text=u.text)])
+
+    cuts = CutSet.from_cuts(cut_of(u) for u in utterances)
+    mean_bytes = sum(u.duration * 32_000 if u.cut else u.path.stat().st_size for u in utterances) / len(utterances)
     per_shard = max(1, int(shard_mb * 2**20 / max(mean_bytes, 1)))
     with tempfile.TemporaryDirectory(prefix="chorus-shar-") as local:
         folder = Path(out) if "://" not in str(out) else Path(local)
@@ -268,8 +321,6 @@ def write_shar(manifest: str | Path, out: str, shard_mb: float = 64.0) -> dict:
 
 
 def _upload(folder: Path, out: str, files: list[str]) -> None:
-    from jobs.data.audio_shards import filesystem
-
     fs, root = filesystem(out)
     for name in files:
         with open(folder / name, "rb") as src, fs.open_output_stream(f"{root}/{name}") as dst:

@@ -6,7 +6,8 @@ The folder holds `model.pt` (TorchScript: `resample`, `features` and the acousti
 `tokens.txt` (one output class a line, blank first), `config.json`, and where the checkpoint carried
 them `lexicon.txt` (each word spelled in tokens) and `lm.arpa`. Utterances are batched as Chorus
 batches them (by duration, then file name, within `max_batch_seconds`), so the texts are
-`chorus transcribe --no-warps`'s.
+`chorus transcribe --no-warps`'s for an fp32 model (a bf16-trained one runs in fp32 here, and its
+texts may differ slightly from Chorus's, which runs it under bf16 autocast).
 
 Usage: python transcribe.py AUDIO... [--decoding greedy|lexicon]   (one JSON line per file)
 Or, from Python: Exported(folder).transcribe([path, ...]) -> texts.

@@ -41,6 +41,8 @@ from orchestrator.checkpoint.uris import StorageError, first_line, is_uri, redac
 
 NOT_MIRRORED = (".lock", "checkpoint.pt")  # the local lock, and the link to the newest checkpoint
 MIRRORED_FOLDERS = ("tensorboard",)  # the run's folders whose files are mirrored too (`driver/pictures.py`)
+_MIRRORED = re.compile(rf"(?:{'|'.join(MIRRORED_FOLDERS)})/[A-Za-z0-9][A-Za-z0-9._-]*")  # a plain file in one: a
+# key a bucket holds never names a path outside the staging folder (`tensorboard/../../x`)
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)\.pt$")  # files.py's numbered checkpoints (that module loads torch)
 
 
@@ -89,7 +91,7 @@ class RunStorage:
         except Exception as exc:  # noqa: BLE001
             raise StorageError(f"{self.where}: cannot list it ({first_line(exc)})") from None
         names = [i.path[len(self.root):].lstrip("/") for i in infos if i.type == pyarrow.fs.FileType.File]
-        return sorted(n for n in names if n != LOCK_OBJECT and ("/" not in n or n.split("/")[0] in MIRRORED_FOLDERS))
+        return sorted(n for n in names if n != LOCK_OBJECT and ("/" not in n or _MIRRORED.fullmatch(n)))
 
     def claim(self, resume: bool, overwrite: bool, job: str | None = None) -> None:
         """Take the URI's lock for the run `job` (`Lease.acquire`), then check what the URI holds

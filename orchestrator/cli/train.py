@@ -184,8 +184,9 @@ def evaluate(checkpoint, data, no_warps, decoding_kind):
         raw["decoding"] = {**raw.get("decoding", {}), "kind": decoding_kind}
     trained_on = state["spec"]["data"].get("train")  # the words a lexicon decodes to, where the checkpoint has none
     trained_on = trained_on if trained_on and "://" not in str(trained_on) and Path(trained_on).exists() else str(data)
-    workload = cls(cls.Config.model_validate({**raw, "data": {
-        "train": trained_on, "max_batch_seconds": state["spec"]["data"]["max_batch_seconds"]}}))
+    data_section = state["spec"]["data"]  # batches and the longest utterance as the checkpoint was trained
+    workload = cls(cls.Config.model_validate({**raw, "data": {"train": trained_on, **{
+        key: data_section[key] for key in ("max_batch_seconds", "max_utterance_seconds") if key in data_section}}}))
     model = workload.build_model()
     workload.load_state_dict(state, model)
     try:

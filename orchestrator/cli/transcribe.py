@@ -20,7 +20,9 @@ from orchestrator.base import strict_json
 from orchestrator.cli.app import main
 
 log = logging.getLogger("chorus.transcribe")
-WINDOW = 2000  # utterances transcribed together here: batched by duration among themselves, then written in order
+WINDOW, WINDOW_SECONDS = 2000, 3600.0  # utterances, and audio seconds, transcribed together here (their waveforms
+# held at once: 230 MB an hour), batched by duration among themselves (as `chorus eval` batches a split), then
+# written in order. On Ray, each actor call is `batch_inference.BATCH_RECORDS` utterances.
 
 
 @main.command()
@@ -54,13 +56,16 @@ def transcribe(checkpoint, inputs, out, decoding_kind, no_warps, address, actors
     if not records:
         raise click.ClickException(f"nothing to transcribe in {', '.join(map(str, inputs))}: {report.describe()}")
     if actors is None and address is None:
-        results = (r for start in range(0, len(records), WINDOW) for r in local(records[start:start + WINDOW]))
+        results = (r for window in _windows(records) for r in local(window))
     else:
-        results = _on_ray(records, functools.partial(transcriber.from_checkpoint, **options), state, address,
+        gpus_per_actor = _connect(address, actors or 1, cpus_per_actor, gpus_per_actor)
+        results = _on_ray(records, functools.partial(transcriber.from_checkpoint, **options), state,
                           actors or 1, gpus_per_actor, cpus_per_actor)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
     skipped, started = Counter(report.counts), time.monotonic()
     done, first = _write(results, len(records), out, skipped)
-    summary = {"totals": {**transcriber.totals(done, dict(skipped), time.monotonic() - started),
+    summary = {"totals": {**local.totals(done, dict(skipped), time.monotonic() - started),
                           "first_result_s": first - started if first is not None else None}}
     if out is not None:
         with open(out, "a") as f:
@@ -94,15 +99,39 @@ def _checkpoint(path: Path, part: str):
         raise click.ClickException(str(exc.args[0] if isinstance(exc, KeyError) else exc)) from None
 
 
-def _on_ray(records: list[dict], make, state: dict, address: str | None, actors: int, gpus: float | None,
-            cpus: float):
+def _windows(records: list[dict]):
+    """`records` in runs of at most WINDOW utterances and WINDOW_SECONDS of audio (one at least)."""
+    window, seconds = [], 0.0
+    for record in records:
+        if window and (len(window) == WINDOW or seconds + record["duration"] > WINDOW_SECONDS):
+            yield window
+            window, seconds = [], 0.0
+        window.append(record)
+        seconds += record["duration"]
+    if window:
+        yield window
+
+
+def _connect(address: str | None, actors: int, cpus: float, gpus: float | None) -> float:
+    """Connect to the cluster at `address` (none: start one here for `actors`); the GPUs each actor
+    reserves (`gpus`, or 1 where the cluster has GPUs, else 0). A cluster not there is one line."""
+    import ray
+
+    try:
+        ray.init(address=address, log_to_driver=False, **({} if address else {"num_cpus": max(2, int(actors * cpus))}))
+    except Exception as exc:  # noqa: BLE001 - Ray's errors for an address with no cluster vary
+        line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise click.ClickException(f"--address {address}: no Ray cluster to connect to ({line})") from None
+    if gpus is None:
+        gpus = 1.0 if ray.cluster_resources().get("GPU", 0) > 0 else 0.0
+    return gpus
+
+
+def _on_ray(records: list[dict], make, state: dict, actors: int, gpus: float, cpus: float):
     import ray
 
     from orchestrator.service.batch_inference import map_in_order
 
-    ray.init(address=address, log_to_driver=False, **({} if address else {"num_cpus": max(2, int(actors * cpus))}))
-    if gpus is None:
-        gpus = 1.0 if ray.cluster_resources().get("GPU", 0) > 0 else 0.0
     try:
         yield from map_in_order(records, make, state, actors=actors, gpus_per_actor=gpus, cpus_per_actor=cpus)
     finally:

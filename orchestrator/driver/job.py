@@ -173,7 +173,7 @@ class TrainingJob:
             (self.out_dir / "summary.json").write_text(strict_json.dumps(summary, indent=2) + "\n")
             return summary
         finally:
-            self.snapshots.close()
+            self.snapshots.close()  # (never raises: the learners are released next, whatever happened)
             self.elastic.close_and_release()
 
     def _restore(self, checkpoint: JobCheckpoint, slots) -> float:

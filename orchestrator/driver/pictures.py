@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from pathlib import Path
 
 log = logging.getLogger("chorus.pictures")
@@ -41,6 +42,7 @@ class RunPictures:
         purge = None if resumed_samples is None else resumed_samples + 1  # the checkpoint's own evaluation stays
         self.writer = SummaryWriter(str(self.out_dir / TENSORBOARD), purge_step=purge, flush_secs=10)
         self._pending: tuple[list[dict], list[dict]] | None = None
+        self._seen: list[tuple[float, float]] = []  # (time.time(), wall_s) of each record added here
         self._wake, self._closed = threading.Condition(), False
         self._painter = threading.Thread(target=self._paint_forever, name="curves.png", daemon=True)
         self._painter.start()
@@ -53,17 +55,29 @@ class RunPictures:
                 self.writer.add_scalar(key, record[key], global_step=int(record["samples"]))
         self.writer.add_scalar("learners", record.get("learners", 0), global_step=int(record["samples"]))
         self.writer.flush()
+        self._seen.append((time.time(), record["wall_s"]))
+        marked = [{**e, "wall_s": self._wall_at(e["time"])} for e in events
+                  if e.get("kind") in MEMBERSHIP and isinstance(e.get("time"), float | int)]
         with self._wake:
-            self._pending = (list(records), [e for e in events if e.get("kind") in MEMBERSHIP])
+            self._pending = (list(records), marked)
             self._wake.notify()
 
+    def _wall_at(self, when: float) -> float:
+        """The curve's wall time (a resumed run's counts its earlier runs') at the moment `when` (an
+        event's time.time()): from the record added nearest before it (else the first), a second a second."""
+        at, wall = next((p for p in reversed(self._seen) if p[0] <= when), self._seen[0])
+        return max(0.0, wall + when - at)
+
     def close(self) -> None:
-        """Flush the event file and wait for the last picture."""
+        """Flush the event file and wait for the last picture; never raises (a full disk is logged)."""
         with self._wake:
             self._closed = True
             self._wake.notify()
         self._painter.join(timeout=60)
-        self.writer.close()
+        try:
+            self.writer.close()
+        except Exception as exc:  # noqa: BLE001 - the run's end must not fail on its pictures
+            log.warning("tensorboard events not closed: %s", exc)
 
     def _paint_forever(self) -> None:
         while True:

@@ -93,9 +93,13 @@ def test_a_clip_unusable_once_read_comes_back_skipped_in_its_place(state, corpus
     assert "text" in out[0] and "text" in out[2] and out[1]["skipped"] == UNREADABLE and "text" not in out[1]
 
 
-def test_lm_decoding_without_a_language_model_is_refused_in_one_line(state):
+def test_a_decoding_the_checkpoint_lacks_the_means_for_is_refused_in_one_line(state):
     with pytest.raises(ValueError, match="carries no language model"):
         SpeechRecognizer.from_checkpoint(state, decoding="lm")
+    elsewhere = {**state, "spec": {**state["spec"], "data": {**state["spec"]["data"], "train": "/nowhere/train.jsonl"}}}
+    with pytest.raises(ValueError, match=r"lexicon decoding: this checkpoint carries no words .* /nowhere/train.jsonl"):
+        SpeechRecognizer.from_checkpoint(elsewhere, decoding="lexicon")
+    assert SpeechRecognizer.from_checkpoint(state, decoding="lexicon").transcribe([])  == []  # its data is here
 
 
 def test_the_modules_example_runs(state, corpus):

@@ -174,3 +174,19 @@ def test_a_cutset_is_transcribed_with_its_supervisions_as_references(corpus, lho
     done = ClipTranscriber.from_checkpoint(state, device="cpu")(records[:6])
     assert [r["id"] for r in done] == [r["id"] for r in records[:6]]
     assert all(set(r) == {"id", "path", "duration", "text", "reference"} for r in done)  # no cut in the output
+
+
+@pytest.mark.unit
+def test_chorus_shards_packs_a_cutset_in_either_format(corpus, lhotse_corpus, tmp_path):
+    from jobs.data.audio_shards import AudioShards
+
+    manifest = {u.id: u for u in read_corpus(corpus / "train.jsonl")[0]}
+    for shard_format in ("chorus", "lhotse-shar"):
+        out = tmp_path / shard_format
+        proc = run_cli("shards", str(lhotse_corpus / "cuts.jsonl.gz"), "--out", str(out), "--format", shard_format)
+        assert proc.returncode == 0, proc.stderr
+        shards = AudioShards(out) if shard_format == "chorus" else SharShards(out)
+        read = [utt for name in shards.names for utt in shards.read(name)]
+        assert sorted(u.id for u in read) == sorted(manifest) and all(u.text == manifest[u.id].text for u in read)
+        sample = read[3]
+        assert torch.equal(sample.waveform, load_audio(manifest[sample.id].path))  # FLAC: the samples themselves

@@ -87,11 +87,14 @@ def test_a_run_folder_mirrored_to_s3_and_back(s3, tmp_path):
                                            r"continue it or --overwrite"):
         RunStorage(uri(s3, "unit/run"), staging=tmp_path / "b").claim(resume=False, overwrite=False)
     assert LOCK_OBJECT not in listed(s3, "unit/run/")  # the refused run's lock went with it
+    put(s3, "unit/run/tensorboard/../../../escaped.txt", "unit/run/tensorboard/a/b")
     again = RunStorage(uri(s3, "unit/run"), staging=tmp_path / "c")  # elsewhere: nothing local reused
     again.claim(resume=True, overwrite=False)
     again.pull()
     again.release()
     assert sorted(p.name for p in again.local.iterdir()) == ["checkpoint-2.pt", "evals.jsonl", "tensorboard"]
+    assert sorted(p.name for p in (again.local / "tensorboard").iterdir()) == ["events.out.tfevents.1"]  # not the
+    # keys no run writes there (`put` below): a name leading out of the staging folder, a folder in a folder
     assert (again.local / "tensorboard" / "events.out.tfevents.1").read_bytes() == b"tb"
     assert (again.local / "checkpoint-2.pt").read_bytes() == b"y" * 10
     with pytest.raises(StorageError, match="s3://chorus/unit/none: no run there to resume"):

@@ -3,10 +3,12 @@ by samples trained, `curves.png` is written and drawn anew at each evaluation, a
 event file hides what the stopped run logged after its checkpoint."""
 
 import hashlib
+import time
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from orchestrator.driver import pictures as pictures_module
 from orchestrator.driver.pictures import CURVES, TENSORBOARD, RunPictures
 from orchestrator.testing.cluster import wait_until
 
@@ -31,7 +33,9 @@ def _digest(path) -> str | None:
 def test_the_dev_wer_series_reaches_tensorboard_and_curves_png_is_drawn_anew_each_evaluation(tmp_path):
     pictures = RunPictures(tmp_path, "t")
     records = [_record(100, 100.0)]
-    events = [{"kind": "join", "wall_s": 0.5}, {"kind": "rollback", "wall_s": 1.0}, {"kind": "failure", "wall_s": 2.5}]
+    now = time.time()
+    events = [{"kind": "join", "time": now - 1.5}, {"kind": "rollback", "time": now - 1.0},
+              {"kind": "failure", "time": now + 0.5}]
     pictures.add(records[-1], records, events)
     first = wait_until("curves.png", lambda: _digest(tmp_path / CURVES), timeout=60)
     assert (tmp_path / CURVES).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -65,3 +69,17 @@ def test_an_evaluation_without_a_dev_split_logs_what_it_has(tmp_path):
     pictures.close()
     assert _series(tmp_path, "train_loss") == [(100, 100.0)]
     assert (tmp_path / CURVES).is_file()
+
+
+def test_a_resumed_runs_membership_changes_are_marked_at_its_curves_wall_time(tmp_path, monkeypatch):
+    drawn, clock = [], [1000.0]
+    monkeypatch.setattr(pictures_module, "draw", lambda path, name, records, events: drawn.append(events))
+    monkeypatch.setattr(pictures_module.time, "time", lambda: clock[0])
+    pictures = RunPictures(tmp_path, "t", resumed_samples=100)  # its earlier runs trained 500 s
+    events = [{"kind": "join", "time": 990.0, "wall_s": 2.0}, {"kind": "leave", "time": 1004.0, "wall_s": 16.0},
+              {"kind": "rollback", "time": 995.0, "wall_s": 7.0}]
+    pictures.add({**_record(200, 70.0), "wall_s": 500.0}, [], events)  # added at 1000.0
+    clock[0] = 1010.0
+    pictures.add({**_record(300, 60.0), "wall_s": 510.0}, [], events)
+    pictures.close()
+    assert [(e["kind"], e["wall_s"]) for e in drawn[-1]] == [("join", 490.0), ("leave", 504.0)]
