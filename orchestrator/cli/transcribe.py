@@ -117,6 +117,14 @@ def _connect(address: str | None, actors: int, cpus: float, gpus: float | None) 
     reserves (`gpus`, or 1 where the cluster has GPUs, else 0). A cluster not there is one line."""
     import ray
 
+    host, _, port = (address or "").rpartition(":")
+    if host and port.isdigit():  # Ray itself would wait for a GCS there without end
+        import socket
+
+        try:
+            socket.create_connection((host.removeprefix("ray://"), int(port)), timeout=10).close()
+        except OSError as exc:
+            raise click.ClickException(f"--address {address}: no Ray cluster there ({exc})") from None
     try:
         ray.init(address=address, log_to_driver=False, **({} if address else {"num_cpus": max(2, int(actors * cpus))}))
     except Exception as exc:  # noqa: BLE001 - Ray's errors for an address with no cluster vary

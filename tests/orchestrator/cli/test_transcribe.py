@@ -74,6 +74,13 @@ def test_unusable_inputs_are_counted_and_nothing_usable_is_one_line(run, corpus,
     assert lines[1]["totals"]["wer"] is None
     refused = run_cli("transcribe", str(run / "checkpoint.pt"), str(tmp_path), "--decoding", "lm")
     assert refused.returncode == 1 and "carries no language model" in refused.stderr.strip().splitlines()[-1]
+    from orchestrator.cluster.local_head import free_port
+
+    nobody = f"127.0.0.1:{free_port()}"
+    refused = run_cli("transcribe", str(run / "checkpoint.pt"), str(corpus / first["audio_filepath"]), "--address",
+                      nobody, timeout=60)
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr
+    assert refused.stderr.strip().splitlines()[-1].startswith(f"Error: --address {nobody}: no Ray cluster there")
 
 
 def test_the_export_runs_without_chorus_and_transcribes_as_chorus_does(run, corpus, tmp_path):
