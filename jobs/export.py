@@ -83,7 +83,7 @@ def export(state: dict, out: Path) -> dict:
               "search": {"beam": decoding.beam, "beam_tokens": decoding.beam_tokens,
                          "beam_threshold": decoding.beam_threshold, "word_score": decoding.word_score},
               "warps_not_applied": decoding.warps, "model": state["spec"].get("model", {}).get("kind")}
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (out / "config.json").write_text(json.dumps(config, indent=2, allow_nan=False) + "\n")
     shutil.copyfile(SCRIPT, out / "transcribe.py")
     return {"out": str(out), "files": sorted(p.name for p in out.iterdir()), "units": len(tokenizer.unit_names()),
             "decoding": offers, "bytes": sum(p.stat().st_size for p in out.iterdir())}

@@ -101,7 +101,7 @@ def main() -> None:
     args = parser.parse_args()
     texts = Exported(HERE, args.decoding).transcribe(args.audio)
     for path, text in zip(args.audio, texts, strict=True):
-        print(json.dumps({"path": path, "text": text}))
+        print(json.dumps({"path": path, "text": text}, allow_nan=False))
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ class _Worker:
         import numpy as np
 
         results = self.work([json.loads(text) for text in batch["record"]])
-        return {"result": np.array([json.dumps(r) for r in results], dtype=object)}
+        return {"result": np.array([json.dumps(r, allow_nan=False) for r in results], dtype=object)}
 
 
 def map_in_order(records: list[dict], make: Callable, state: dict, actors: int, gpus_per_actor: float = 0.0,
@@ -54,7 +54,8 @@ def map_in_order(records: list[dict], make: Callable, state: dict, actors: int, 
         return
     boxed = [ray.put(state)]  # in a list, so the actors get the reference and fetch it once each
     blocks = max(1, math.ceil(len(records) / batch_records))
-    dataset = ray.data.from_items([{"record": json.dumps(r)} for r in records], override_num_blocks=blocks)
+    dataset = ray.data.from_items([{"record": json.dumps(r, allow_nan=False)} for r in records],
+                                  override_num_blocks=blocks)
     results = dataset.map_batches(
         _Worker, fn_constructor_args=(make, boxed, max(1, math.floor(cpus_per_actor))), batch_size=batch_records,
         batch_format="numpy", concurrency=actors, num_cpus=cpus_per_actor, num_gpus=gpus_per_actor or None)
