@@ -1,7 +1,7 @@
 """Benchmark: `chorus transcribe` spread over Ray actors, 1 actor against 2 (issue 58).
 
-A set of >= 1 hour of synthesized speech (`chorus synth --hours 4 --engines espeak`, its train
-split; made once into bench/work/transcribe-corpus) is transcribed with a trained checkpoint (the
+A set of >= 1 hour of synthesized speech (`chorus synth --hours 12 --engines espeak`, its train
+split; made once into bench/work/transcribe-corpus-12h; `--hours 4 --name transcribe-4h` ran first) is transcribed with a trained checkpoint (the
 demo's, runs/demo/checkpoint.pt: `make demo`) by `chorus transcribe --address HEAD --actors N`
 (each actor 1 CPU, 1 torch thread), N = 1 and 2, on one Ray head of this machine's 2 CPUs started
 once for the whole benchmark (`ray start --head`, its own temp dir and ports). Contenders
@@ -23,7 +23,8 @@ Target: 2 actors >= 1.7x the utterances/s of 1 (median of whole-command rates, I
 
 Writes `bench/results/transcribe.json` and `transcribe.png`.
 
-Usage: .venv/bin/python bench/transcribe.py [--repeats 5] [--checkpoint runs/demo/checkpoint.pt] [--hours 4]
+Usage: .venv/bin/python bench/transcribe.py [--repeats 5] [--checkpoint runs/demo/checkpoint.pt] [--hours 12]
+       [--name transcribe]
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ FIRST_CALL = 256  # utterances of an actor's first call (orchestrator/service/ba
 
 def corpus(hours: float) -> Path:
     """The train split's manifest of a synthesized set of about `hours`, made once."""
-    folder = WORK / "transcribe-corpus"
+    folder = WORK / f"transcribe-corpus-{hours:g}h"
     if not (folder / "corpus.json").is_file():
         subprocess.run([sys.executable, "-m", "orchestrator.cli", "synth", str(folder), "--hours", str(hours),
                         "--eval-utterances", "20", "--seed", "58", "--engines", "espeak"], cwd=ROOT, check=True)
@@ -115,7 +116,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--checkpoint", type=Path, default=ROOT / "runs" / "demo" / "checkpoint.pt")
-    parser.add_argument("--hours", type=float, default=4.0)
+    parser.add_argument("--hours", type=float, default=12.0)
+    parser.add_argument("--name", default="transcribe", help="results/NAME.json and .png")
     args = parser.parse_args()
     if not args.checkpoint.exists():
         sys.exit(f"{args.checkpoint}: no checkpoint; `make demo` trains the demo's")
@@ -159,7 +161,7 @@ def main() -> None:
               "repeats": args.repeats, "contenders": contenders, "speedup_2_over_1": speedup,
               "speedup_after_first_result": after_first, "without_ray_2_over_1": bound, "target": TARGET,
               "passed": bool(speedup["ratio"] and speedup["ratio"] >= TARGET and speedup["verdict"] == "higher")}
-    write_results(RESULT, result, plot)
+    write_results(RESULT.with_name(f"{args.name}.json"), result, plot)
     print(json.dumps({k: result[k] for k in ("set", "speedup_2_over_1", "speedup_after_first_result",
                                              "without_ray_2_over_1", "passed")}))
 
