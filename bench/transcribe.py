@@ -1,8 +1,9 @@
 """Benchmark: `chorus transcribe` spread over Ray actors, 1 actor against 2 (issue 58).
 
 A set of >= 1 hour of synthesized speech (`chorus synth --hours 12 --engines espeak`, its train
-split; made once into bench/work/transcribe-corpus-12h; `--hours 4 --name transcribe-4h` ran first) is transcribed with a trained checkpoint (the
-demo's, runs/demo/checkpoint.pt: `make demo`) by `chorus transcribe --address HEAD --actors N`
+split; made once into bench/work/transcribe-corpus-12h; `--hours 4 --name transcribe-4h` ran
+first) is transcribed with a trained checkpoint (the demo's, runs/demo/checkpoint.pt: `make demo`)
+by `chorus transcribe --address HEAD --actors N`
 (each actor 1 CPU, 1 torch thread), N = 1 and 2, on one Ray head of this machine's 2 CPUs started
 once for the whole benchmark (`ray start --head`, its own temp dir and ports). Contenders
 interleaved, `--repeats` each.

@@ -14,12 +14,11 @@ Example:
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from jobs.data.manifests import NOT_UTF8, SkipReport, probe_duration, read_lines
+from jobs.data.manifests import NOT_UTF8, SkipReport, probe_duration, read_jsonl, read_lines
 
 AUDIO_SUFFIXES = {".wav", ".flac", ".ogg", ".oga", ".opus", ".mp3", ".aiff", ".aif", ".aifc", ".au", ".snd",
                   ".caf", ".w64", ".rf64", ".sph", ".nist", ".voc"}  # what libsndfile reads
@@ -79,26 +78,5 @@ def _folder(root: Path, report: SkipReport, max_seconds: float) -> list[Clip]:
 
 
 def _manifest(manifest: Path, report: SkipReport, max_seconds: float) -> list[Clip]:
-    clips = []
-    for line_no, line in read_lines(manifest):
-        where = f"{manifest}:{line_no}"
-        if isinstance(line, bytes):
-            report.skip(where, NOT_UTF8)
-            continue
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-            rel = row["audio_filepath"]
-        except (ValueError, KeyError, TypeError, RecursionError):
-            rel = None
-        if not isinstance(rel, str) or not rel:
-            report.skip(where, "malformed manifest line (needs JSON with audio_filepath)")
-            continue
-        path = Path(rel) if Path(rel).is_absolute() else manifest.parent / rel
-        text = row.get("text")
-        duration = probe_duration(path, f"{path} ({where})", report, max_seconds)
-        if duration is not None:
-            reference = text.strip().lower() if isinstance(text, str) and text.strip() else None
-            clips.append(Clip(path.stem, path, duration, reference))
-    return clips
+    return [Clip(u.id, u.path, u.duration, u.text or None) for u in read_jsonl(manifest, report, max_seconds,
+                                                                                 need_text=False)]

@@ -232,7 +232,7 @@ def read_corpus(source: str | Path, max_seconds: float = math.inf) -> tuple[list
     if source.is_dir():
         utts = _read_librispeech(source, report, max_seconds)
     elif source.suffix == ".jsonl":
-        utts = _read_jsonl(source, report, max_seconds)
+        utts = read_jsonl(source, report, max_seconds)
     elif source.name.endswith(".jsonl.gz"):
         from jobs.data.lhotse_corpora import read_cutset
 
@@ -254,7 +254,8 @@ def read_lines(path: Path) -> list[tuple[int, str | bytes]]:
     return lines
 
 
-def _read_jsonl(manifest: Path, report: SkipReport, max_seconds: float) -> list[Utterance]:
+def read_jsonl(manifest: Path, report: SkipReport, max_seconds: float, need_text: bool = True) -> list[Utterance]:
+    """A JSONL manifest's utterances in its lines' order (`need_text`: only those with a transcript)."""
     utts = []
     for line_no, line in read_lines(manifest):
         where = f"{manifest}:{line_no}"
@@ -272,8 +273,8 @@ def _read_jsonl(manifest: Path, report: SkipReport, max_seconds: float) -> list[
             report.skip(where, "malformed manifest line (needs JSON with audio_filepath)")
             continue
         path = Path(rel) if Path(rel).is_absolute() else manifest.parent / rel
-        text = row.get("text")
-        if not isinstance(text, str) or not text.strip():
+        text = row.get("text") if isinstance(row.get("text"), str) else ""
+        if need_text and not text.strip():
             report.skip(f"{path} ({where})", "no transcript", str(path))
             continue
         duration = probe_duration(path, f"{path} ({where})", report, max_seconds)
