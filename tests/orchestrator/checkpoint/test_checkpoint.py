@@ -260,7 +260,7 @@ def test_cli_refuses_a_non_empty_out_unless_resume_or_overwrite(corpus, tmp_path
     curve = (out / "evals.jsonl").read_text()
     proc = run_cli("train", str(spec), "--out", str(out))
     assert _error_line(proc) == (f"Error: {out} already holds a run (checkpoint-{_last_step(out)}.pt, checkpoint.pt, "
-                                 "evals.jsonl, events.jsonl...): pass --resume to continue it or --overwrite to "
+                                 "curves.png, evals.jsonl...): pass --resume to continue it or --overwrite to "
                                  "replace it")
     assert (out / "evals.jsonl").read_text() == curve  # nothing of the first run was touched
     proc = run_cli("train", str(spec), "--out", str(out), "--resume", "--set", "budget.epochs=2")

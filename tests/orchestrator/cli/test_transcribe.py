@@ -14,7 +14,7 @@ import orchestrator.checkpoint.trained
 from jobs.wer import word_error_rate
 from tests.builders import make_spec, run_cli
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("transcribe-run")]  # one worker: the module's trained run
 
 
 @pytest.fixture(scope="module")
