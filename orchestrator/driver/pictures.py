@@ -3,8 +3,8 @@ against wall time and against samples trained, the learner count's changes marke
 event files in `tensorboard/` (the same series, by samples trained), so that `tensorboard --logdir
 runs/` shows runs, and sweep trials, side by side.
 
-The picture is drawn in a thread of its own (matplotlib's object API, no pyplot), the newest
-records winning, and replaced atomically; `close` waits for the last one. A resumed run's event
+The picture is drawn in a thread of its own (matplotlib's object API, no pyplot), at most every
+REDRAW_S seconds, the newest records winning, and replaced atomically; `close` draws the last. A resumed run's event
 file starts where its checkpoint was, hiding what the stopped run logged after it (TensorBoard's
 purge step).
 
@@ -29,6 +29,8 @@ CURVES = "curves.png"
 TENSORBOARD = "tensorboard"
 SERIES = (("train_loss", "train loss"), ("dev_loss", "dev loss"), ("dev_wer", "dev WER (%)"))
 MEMBERSHIP = ("join", "leave", "failure", "drain")  # the events that change who trains
+REDRAW_S = 10.0  # the picture is drawn at most this often (and at the end): a draw costs ~0.2 s of a core, and a
+# job of short epochs evaluates every second or two on cores its learners need
 
 
 class RunPictures:
@@ -80,13 +82,15 @@ class RunPictures:
             log.warning("tensorboard events not closed: %s", exc)
 
     def _paint_forever(self) -> None:
+        drawn_at = -REDRAW_S
         while True:
             with self._wake:
-                while self._pending is None and not self._closed:
-                    self._wake.wait()
+                while not self._closed and (self._pending is None or time.monotonic() - drawn_at < REDRAW_S):
+                    self._wake.wait(timeout=None if self._pending is None else REDRAW_S)
                 pending, self._pending = self._pending, None
                 if pending is None:
                     return
+            drawn_at = time.monotonic()
             try:
                 draw(self.out_dir / CURVES, self.name, *pending)
             except Exception as exc:  # noqa: BLE001 - a picture must never stop a run
