@@ -18,7 +18,7 @@ from pathlib import Path
 
 from jobs.data.audio_inputs import Clip, read_inputs
 from jobs.data.lhotse_corpora import cut_audio
-from jobs.data.manifests import AudioError, SkipReport, load_audio
+from jobs.data.manifests import AudioError, SkipReport, load_audio, probe_duration
 from jobs.recognizer import SpeechRecognizer
 from jobs.wer import word_error_rate
 
@@ -36,16 +36,20 @@ class ClipTranscriber:
         return cls(SpeechRecognizer.from_checkpoint(state, decoding=decoding, warps=warps, device=device))
 
     @staticmethod
-    def read_inputs(inputs: list[str | Path], state: dict) -> tuple[list[dict], SkipReport]:
+    def read_inputs(inputs: list[str | Path], state: dict, probe: bool = True) -> tuple[list[dict], SkipReport]:
         """The clip records of `inputs` in their order, and what was skipped (utterances longer than the
-        checkpoint's `data.max_utterance_seconds` among them)."""
+        checkpoint's `data.max_utterance_seconds` among them). `probe=False`: the audio files are
+        not opened here (durations None), but by the transcriber, which skips what the probe would."""
         max_seconds = state["spec"].get("data", {}).get("max_utterance_seconds", math.inf)
-        clips, report = read_inputs(inputs, max_seconds)
+        clips, report = read_inputs(inputs, max_seconds, probe)
         return [record(clip) for clip in clips], report
 
     def __call__(self, clips: list[dict]) -> list[dict]:
+        clips = [self._probed(clip) for clip in clips]
         out, readable, waveforms = list(clips), [], []
         for k, clip in enumerate(clips):
+            if "skipped" in clip:  # by its header
+                continue
             try:
                 waveforms.append(cut_audio(clip["cut"], self.recognizer.max_seconds) if clip.get("cut")
                                  else load_audio(clip["path"], self.recognizer.max_seconds))
@@ -59,6 +63,18 @@ class ClipTranscriber:
             fields = {key: value for key, value in clips[k].items() if key not in ("reference", "cut")}
             out[k] = fields | {"text": text} | ({"reference": clips[k]["reference"]} if "reference" in clips[k] else {})
         return out
+
+    def _probed(self, clip: dict) -> dict:
+        """`clip` with its duration (from its file's header where `read_inputs` did not probe), or
+        skipped, for the reason `read_inputs` would have skipped it."""
+        if clip["duration"] is not None:
+            return clip
+        report = SkipReport()
+        duration = probe_duration(Path(clip["path"]), clip["path"], report, self.recognizer.max_seconds or math.inf)
+        if duration is not None:
+            return {**clip, "duration": duration}
+        where, reason = report.items[0]
+        return {**clip, "skipped": reason, "detail": where.removeprefix(clip["path"]).strip(" ()")}
 
     def totals(self, records: list[dict], skipped: dict[str, int], wall_s: float) -> dict:
         """`totals`, its WER over references and texts normalized as evaluation normalizes them."""

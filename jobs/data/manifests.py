@@ -254,8 +254,10 @@ def read_lines(path: Path) -> list[tuple[int, str | bytes]]:
     return lines
 
 
-def read_jsonl(manifest: Path, report: SkipReport, max_seconds: float, need_text: bool = True) -> list[Utterance]:
-    """A JSONL manifest's utterances in its lines' order (`need_text`: only those with a transcript)."""
+def read_jsonl(manifest: Path, report: SkipReport, max_seconds: float, need_text: bool = True,
+               probe: bool = True) -> list[Utterance]:
+    """A JSONL manifest's utterances in its lines' order (`need_text`: only those with a transcript;
+    `probe=False`: their audio files not opened here, their durations None)."""
     utts = []
     for line_no, line in read_lines(manifest):
         where = f"{manifest}:{line_no}"
@@ -277,8 +279,8 @@ def read_jsonl(manifest: Path, report: SkipReport, max_seconds: float, need_text
         if need_text and not text.strip():
             report.skip(f"{path} ({where})", "no transcript", str(path))
             continue
-        duration = probe_duration(path, f"{path} ({where})", report, max_seconds)
-        if duration is not None:
+        duration = probe_duration(path, f"{path} ({where})", report, max_seconds) if probe else None
+        if duration is not None or not probe:
             utts.append(Utterance(path.stem, path, duration, text.strip().lower()))
     return utts
 

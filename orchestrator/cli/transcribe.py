@@ -7,6 +7,7 @@ workload's `exporter`)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import sys
@@ -47,25 +48,26 @@ def transcribe(checkpoint, inputs, out, decoding_kind, no_warps, address, actors
     the last line holds the totals: utterances, audio hours, real-time factor, skips by reason, WER."""
     state, transcriber = _checkpoint(checkpoint, "transcriber")
     options = {"decoding": decoding_kind, "warps": not no_warps}
+    on_ray = actors is not None or address is not None
     try:
-        local = transcriber.from_checkpoint(state, device=None if actors is None and address is None else "cpu",
+        local = transcriber.from_checkpoint(state, device="cpu" if on_ray else None,
                                             **options)  # (on a cluster: a check of the options only)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
-    records, report = transcriber.read_inputs(list(inputs), state)
-    if not records:
-        raise click.ClickException(f"nothing to transcribe in {', '.join(map(str, inputs))}: {report.describe()}")
-    if actors is None and address is None:
-        results = (r for window in _windows(records) for r in local(window))
-    else:
-        gpus_per_actor = _connect(address, actors or 1, cpus_per_actor, gpus_per_actor)
-        results = _on_ray(records, functools.partial(transcriber.from_checkpoint, **options), state,
-                          actors or 1, gpus_per_actor, cpus_per_actor)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
-    skipped, started = Counter(report.counts), time.monotonic()
-    done, first = _write(results, len(records), out, skipped)
-    summary = {"totals": {**local.totals(done, dict(skipped), time.monotonic() - started),
+    started = time.monotonic()
+    with contextlib.ExitStack() as stack:
+        if on_ray:  # the actors start loading the model while the inputs are read (the actors probe the audio)
+            pool = stack.enter_context(_pool(address, actors or 1, cpus_per_actor, gpus_per_actor,
+                                             functools.partial(transcriber.from_checkpoint, **options), state))
+        records, report = transcriber.read_inputs(list(inputs), state, probe=not on_ray)
+        if records:
+            results = _on_ray(pool, records) if on_ray else (r for window in _windows(records) for r in local(window))
+            done, first = _write(results, len(records), out, report.counts)
+    if not records or not done:  # (on Ray the actors probe the files: what they skip is known only now)
+        raise click.ClickException(f"nothing to transcribe in {', '.join(map(str, inputs))}: {report.describe()}")
+    summary = {"totals": {**local.totals(done, dict(report.counts), time.monotonic() - started),
                           "first_result_s": first - started if first is not None else None}}
     if out is not None:
         with open(out, "a") as f:
@@ -112,6 +114,23 @@ def _windows(records: list[dict]):
         yield window
 
 
+@contextlib.contextmanager
+def _pool(address: str | None, actors: int, cpus: float, gpus: float | None, make, state: dict):
+    """An `OrderedPool` of `actors` on the cluster at `address` (none: one started here), each
+    building `make(state)`; GPUs each: `gpus`, or 1 where the cluster has GPUs, else 0. Closed, and
+    this process disconnected, on the way out."""
+    import ray
+
+    from orchestrator.service.batch_inference import OrderedPool
+
+    gpus = _connect(address, actors, cpus, gpus)
+    try:
+        with OrderedPool(make, state, actors, gpus_per_actor=gpus, cpus_per_actor=cpus) as pool:
+            yield pool
+    finally:
+        ray.shutdown()
+
+
 def _connect(address: str | None, actors: int, cpus: float, gpus: float | None) -> float:
     """Connect to the cluster at `address` (none: start one here for `actors`); the GPUs each actor
     reserves (`gpus`, or 1 where the cluster has GPUs, else 0). A cluster not there is one line."""
@@ -126,7 +145,8 @@ def _connect(address: str | None, actors: int, cpus: float, gpus: float | None) 
         except OSError as exc:
             raise click.ClickException(f"--address {address}: no Ray cluster there ({exc})") from None
     try:
-        ray.init(address=address, log_to_driver=False, **({} if address else {"num_cpus": max(2, int(actors * cpus))}))
+        here = {} if address else {"num_cpus": max(2, int(actors * cpus))}  # "local": never another `ray start`'s
+        ray.init(address=address or "local", log_to_driver=False, **here)
     except Exception as exc:  # noqa: BLE001 - Ray's errors for an address with no cluster vary
         line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise click.ClickException(f"--address {address}: no Ray cluster to connect to ({line})") from None
@@ -135,19 +155,20 @@ def _connect(address: str | None, actors: int, cpus: float, gpus: float | None) 
     return gpus
 
 
-def _on_ray(records: list[dict], make, state: dict, actors: int, gpus: float, cpus: float):
+def _on_ray(pool, records: list[dict]):
+    """The pool's results for `records`; a pool that cannot go on (an actor that died more often
+    than Ray restarts it, an error in the workload) is one line."""
     import ray
 
-    from orchestrator.service.batch_inference import map_in_order
-
     try:
-        yield from map_in_order(records, make, state, actors=actors, gpus_per_actor=gpus, cpus_per_actor=cpus)
-    finally:
-        ray.shutdown()
+        yield from pool.map(records)
+    except ray.exceptions.RayError as exc:
+        line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise click.ClickException(f"the transcribing actors failed: {type(exc).__name__}: {line}") from None
 
 
 def _write(results, total: int, out: Path | None, skipped: Counter) -> tuple[list[dict], float | None]:
-    """Each result as a JSON line (to `out`, or stdout), the skipped ones counted instead; the
+    """Each result as a JSON line (to `out`, or stdout), the skipped ones counted into `skipped` instead; the
     transcribed ones, and when the first result came (a cluster's start-up and the first batch)."""
     from tqdm import tqdm
 

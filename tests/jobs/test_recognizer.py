@@ -6,6 +6,8 @@ the module's docstring example runs."""
 import doctest
 import json
 import shutil
+from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -61,7 +63,9 @@ def test_a_batch_transcribes_as_its_utterances_alone_in_evaluation_order(state, 
     assert sum(t != "" for t in together) >= 5
 
 
-def test_inputs_keep_their_order_take_references_and_count_what_they_skip(corpus, tmp_path):
+def _mixed_inputs(corpus, tmp_path) -> tuple[list[Path], list[Path], list[str], Path]:
+    """A manifest (a line not JSON), a LibriSpeech-like folder (a file not audio, a 40-sample click)
+    and a 3 s file: the inputs, the corpus's files they name, those files' transcripts, the folder."""
     paths, texts = _first_audio(corpus, n=3)
     folder = tmp_path / "folder" / "1" / "2"
     folder.mkdir(parents=True)
@@ -74,12 +78,33 @@ def test_inputs_keep_their_order_take_references_and_count_what_they_skip(corpus
     manifest = tmp_path / "m.jsonl"
     manifest.write_text(json.dumps({"audio_filepath": str(paths[2])}) + "\n" + "{not json\n"
                         + json.dumps({"audio_filepath": str(paths[1]), "text": "Go"}) + "\n")
-    clips, report = read_inputs([manifest, tmp_path / "folder", tmp_path / "long.flac"], max_seconds=2.5)
+    return [manifest, tmp_path / "folder", tmp_path / "long.flac"], paths, texts, folder
+
+
+def test_inputs_keep_their_order_take_references_and_count_what_they_skip(corpus, tmp_path):
+    inputs, paths, texts, folder = _mixed_inputs(corpus, tmp_path)
+    clips, report = read_inputs(inputs, max_seconds=2.5)
     assert [c.path for c in clips] == [paths[2], paths[1], folder / paths[0].name, folder / paths[1].name]
     assert [c.reference for c in clips] == [None, "go", texts[0].lower(), None]
     assert all(c.duration > 0.5 for c in clips)
     assert dict(report.counts) == {"malformed manifest line (needs JSON with audio_filepath)": 1, UNREADABLE: 1,
                                    TOO_SHORT: 1, TOO_LONG: 1}
+
+
+def test_inputs_not_probed_where_read_are_probed_by_the_transcriber_and_skipped_alike(state, corpus, tmp_path):
+    """On Ray the driver lists the inputs without opening them; each actor probes its clips' headers."""
+    inputs, _, _, _ = _mixed_inputs(corpus, tmp_path)
+    short = {**state, "spec": {**state["spec"], "data": {**state["spec"]["data"], "max_utterance_seconds": 2.5}}}
+    probed, report = ClipTranscriber.read_inputs(inputs, short)
+    listed, listing_report = ClipTranscriber.read_inputs(inputs, short, probe=False)
+    assert [r["path"] for r in listed if r["path"] in {p["path"] for p in probed}] == [p["path"] for p in probed]
+    assert all(r["duration"] is None for r in listed) and listing_report.total == 1  # the line not JSON
+    transcriber = ClipTranscriber.from_checkpoint(short, device="cpu")
+    out = transcriber(listed)
+    assert [r["path"] for r in out] == [r["path"] for r in listed]
+    assert Counter(r["skipped"] for r in out if "skipped" in r) + listing_report.counts == report.counts
+    assert next(r for r in out if r["path"].endswith("long.flac"))["detail"] == "3 s > 2.5 s"
+    assert [r for r in out if "skipped" not in r] == transcriber(probed)  # the same durations and texts
 
 
 def test_a_clip_unusable_once_read_comes_back_skipped_in_its_place(state, corpus, tmp_path):

@@ -121,3 +121,26 @@ def test_the_recognizer_example_runs(run, corpus):
 
     recognizer = Recognizer.load(run, decoding="greedy")
     assert recognizer.transcribe([wav]) == recognizer.transcribe([str(wav)])
+
+
+def test_on_ray_actors_give_the_lines_and_skips_given_here(run, corpus, tmp_path):
+    """On Ray the driver lists the inputs and the actors probe them: the same lines, the same skips
+    by reason, and a folder of nothing usable is the same one line."""
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "noise.wav").write_bytes(b"RIFF but no audio")
+    (tmp_path / "bad" / "empty.flac").write_bytes(b"")
+    inputs = [str(tmp_path / "bad"), str(corpus / "test.jsonl")]
+    here = run_cli("transcribe", str(run / "checkpoint.pt"), *inputs, "--out", str(tmp_path / "here.jsonl"))
+    on_ray = run_cli("transcribe", str(run / "checkpoint.pt"), *inputs, "--actors", "2", "--out",
+                     str(tmp_path / "ray.jsonl"))
+    assert here.returncode == 0 and on_ray.returncode == 0, here.stderr + on_ray.stderr
+    lines = {name: [json.loads(line) for line in (tmp_path / f"{name}.jsonl").read_text().splitlines()]
+             for name in ("here", "ray")}
+    assert lines["ray"][:-1] == lines["here"][:-1] and len(lines["here"]) == 21  # texts and durations too
+    totals = {name: lines[name][-1]["totals"] for name in lines}
+    assert totals["ray"]["skipped"] == totals["here"]["skipped"] == {"empty audio file": 1, "unreadable audio file": 1}
+    assert totals["ray"]["wer"] == totals["here"]["wer"]
+    nothing = run_cli("transcribe", str(run / "checkpoint.pt"), str(tmp_path / "bad"), "--actors", "1")
+    assert nothing.returncode == 1 and "Traceback" not in nothing.stderr
+    assert nothing.stderr.strip().splitlines()[-1] == (f"Error: nothing to transcribe in {tmp_path / 'bad'}: "
+                                                       "2 skipped (empty audio file: 1, unreadable audio file: 1)")
