@@ -1,12 +1,13 @@
 """`chorus transcribe`'s work on the speech side: the clips its inputs name (`jobs.data.audio_inputs`)
 and, for a batch of them, one record each — id, path, duration, text and the reference where the
-input has one — or, for a clip whose audio proves unusable once read, the reason it was skipped.
+input has one — or, for a clip whose audio proves unusable once probed or read, the reason it was
+skipped (a clip listed but not probed, `read_inputs(probe=False)`, is probed here first).
 The orchestrator runs it here or on Ray actors (the workload registry names it `asr`'s
 `transcriber`); each actor builds one from the checkpoint once.
 
 Example:
     >>> clips, skipped = ClipTranscriber.read_inputs(["corpus/test.jsonl"], state)  # doctest: +SKIP
-    >>> ClipTranscriber.from_checkpoint(state)([c.record() for c in clips[:2]])  # doctest: +SKIP
+    >>> ClipTranscriber.from_checkpoint(state)(clips[:2])  # doctest: +SKIP
     [{'id': 'utt0001', 'path': '...', 'duration': 2.31, 'text': 'go left', 'reference': 'go left'}, ...]
 """
 
@@ -82,7 +83,7 @@ class ClipTranscriber:
 
 
 def record(clip: Clip) -> dict:
-    fields = {**asdict(clip), "path": str(clip.path)}
+    fields = {**asdict(clip), "path": str(clip.path.absolute())}  # (a Ray actor's working folder is not ours)
     return {key: value for key, value in fields.items() if value is not None or key not in ("reference", "cut")}
 
 

@@ -38,7 +38,7 @@ _reported: set[tuple[str, str]] = set()
 class Utterance:
     id: str
     path: Path
-    duration: float
+    duration: float | None  # None only from read_jsonl(probe=False): not probed yet
     text: str
     cut: dict | None = field(default=None, compare=False, repr=False)  # a Lhotse cut's (`lhotse_corpora`)
 

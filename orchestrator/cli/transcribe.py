@@ -8,6 +8,7 @@ workload's `exporter`)."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import sys
@@ -45,7 +46,8 @@ def transcribe(checkpoint, inputs, out, decoding_kind, no_warps, address, actors
     """Transcribe INPUT... (audio files soundfile reads, folders of them, .jsonl manifests) with
     CHECKPOINT (a run's checkpoint.pt: its newest usable checkpoint). Prints (or writes to --out)
     one JSON line per utterance: id, path, duration, text and the input's reference if it has one;
-    the last line holds the totals: utterances, audio hours, real-time factor, skips by reason, WER."""
+    the last line holds the totals: utterances, audio hours, wall time (reading the inputs and
+    starting Ray's actors included), real-time factor, skips by reason, WER."""
     state, transcriber = _checkpoint(checkpoint, "transcriber")
     options = {"decoding": decoding_kind, "warps": not no_warps}
     on_ray = actors is not None or address is not None
@@ -62,12 +64,16 @@ def transcribe(checkpoint, inputs, out, decoding_kind, no_warps, address, actors
             pool = stack.enter_context(_pool(address, actors or 1, cpus_per_actor, gpus_per_actor,
                                              functools.partial(transcriber.from_checkpoint, **options), state))
         records, report = transcriber.read_inputs(list(inputs), state, probe=not on_ray)
+        skipped, done = Counter(report.counts), []
         if records:
             results = _on_ray(pool, records) if on_ray else (r for window in _windows(records) for r in local(window))
-            done, first = _write(results, len(records), out, report.counts)
-    if not records or not done:  # (on Ray the actors probe the files: what they skip is known only now)
-        raise click.ClickException(f"nothing to transcribe in {', '.join(map(str, inputs))}: {report.describe()}")
-    summary = {"totals": {**local.totals(done, dict(report.counts), time.monotonic() - started),
+            done, first = _write(results, len(records), out, skipped)
+    if not done:  # (on Ray the actors probe the files: what they skip is known only now)
+        if out is not None:
+            out.unlink(missing_ok=True)
+        raise click.ClickException(f"nothing to transcribe in {', '.join(map(str, inputs))}: "
+                                   f"{dataclasses.replace(report, counts=skipped).describe()}")
+    summary = {"totals": {**local.totals(done, dict(skipped), time.monotonic() - started),
                           "first_result_s": first - started if first is not None else None}}
     if out is not None:
         with open(out, "a") as f:
@@ -163,13 +169,15 @@ def _on_ray(pool, records: list[dict]):
     try:
         yield from pool.map(records)
     except ray.exceptions.RayError as exc:
-        line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise click.ClickException(f"the transcribing actors failed: {type(exc).__name__}: {line}") from None
+        cause = getattr(exc, "cause", None) or exc  # a RayTaskError's: the workload's own exception
+        line = (str(cause).strip().splitlines() or [""])[0]
+        raise click.ClickException(f"the transcribing actors failed: {type(cause).__name__}: {line}") from None
 
 
 def _write(results, total: int, out: Path | None, skipped: Counter) -> tuple[list[dict], float | None]:
     """Each result as a JSON line (to `out`, or stdout), the skipped ones counted into `skipped` instead; the
-    transcribed ones, and when the first result came (a cluster's start-up and the first batch)."""
+    transcribed ones, and when the first result came (after reading the inputs, a cluster's
+    start-up and the first batch)."""
     from tqdm import tqdm
 
     done, seconds, first = [], 0.0, None

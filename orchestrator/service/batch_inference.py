@@ -72,6 +72,8 @@ class OrderedPool:
             index, actor = queued.pop(ready[0])
             load[actor] -= 1
             done[index] = ray.get(ready[0])
+            if len(done[index]) != len(calls[index]):
+                raise RuntimeError(f"a worker gave {len(done[index])} results for {len(calls[index])} inputs")
             while wanted in done:
                 yield from done.pop(wanted)
                 wanted += 1

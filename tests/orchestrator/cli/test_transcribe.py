@@ -8,7 +8,9 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
+import soundfile as sf
 
 import orchestrator.checkpoint.trained
 from jobs.wer import word_error_rate
@@ -125,10 +127,12 @@ def test_the_recognizer_example_runs(run, corpus):
 
 def test_on_ray_actors_give_the_lines_and_skips_given_here(run, corpus, tmp_path):
     """On Ray the driver lists the inputs and the actors probe them: the same lines, the same skips
-    by reason, and a folder of nothing usable is the same one line."""
+    by reason, and a folder of nothing usable is the same one line, here and on Ray (a file whose
+    header reads but whose samples do not is found only once read)."""
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "noise.wav").write_bytes(b"RIFF but no audio")
     (tmp_path / "bad" / "empty.flac").write_bytes(b"")
+    sf.write(tmp_path / "bad" / "nan.wav", np.full(16000, np.nan, dtype=np.float32), 16000, subtype="FLOAT")
     inputs = [str(tmp_path / "bad"), str(corpus / "test.jsonl")]
     here = run_cli("transcribe", str(run / "checkpoint.pt"), *inputs, "--out", str(tmp_path / "here.jsonl"))
     on_ray = run_cli("transcribe", str(run / "checkpoint.pt"), *inputs, "--actors", "2", "--out",
@@ -138,9 +142,12 @@ def test_on_ray_actors_give_the_lines_and_skips_given_here(run, corpus, tmp_path
              for name in ("here", "ray")}
     assert lines["ray"][:-1] == lines["here"][:-1] and len(lines["here"]) == 21  # texts and durations too
     totals = {name: lines[name][-1]["totals"] for name in lines}
-    assert totals["ray"]["skipped"] == totals["here"]["skipped"] == {"empty audio file": 1, "unreadable audio file": 1}
+    assert totals["ray"]["skipped"] == totals["here"]["skipped"] == {"empty audio file": 1, "unreadable audio file": 2}
     assert totals["ray"]["wer"] == totals["here"]["wer"]
-    nothing = run_cli("transcribe", str(run / "checkpoint.pt"), str(tmp_path / "bad"), "--actors", "1")
-    assert nothing.returncode == 1 and "Traceback" not in nothing.stderr
-    assert nothing.stderr.strip().splitlines()[-1] == (f"Error: nothing to transcribe in {tmp_path / 'bad'}: "
-                                                       "2 skipped (empty audio file: 1, unreadable audio file: 1)")
+    for where in ([], ["--actors", "1"]):
+        out = tmp_path / f"nothing{len(where)}.jsonl"
+        nothing = run_cli("transcribe", str(run / "checkpoint.pt"), str(tmp_path / "bad"), *where, "--out", str(out))
+        assert nothing.returncode == 1 and "Traceback" not in nothing.stderr
+        assert nothing.stderr.strip().splitlines()[-1] == (f"Error: nothing to transcribe in {tmp_path / 'bad'}: "
+                                                           "3 skipped (unreadable audio file: 2, empty audio file: 1)")
+        assert not out.exists()  # no empty output left behind

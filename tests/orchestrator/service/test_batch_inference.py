@@ -45,3 +45,18 @@ def test_a_killed_actors_batches_are_redone_and_every_input_comes_back_once_in_o
     assert sum(r["text"] != "" for r in got) > 100
     wait_until("the pool's actors gone", lambda: all(a["State"] == "DEAD" for a in _pool(ray)), timeout=30)
     assert {a["ActorID"] for a in ray._private.state.actors().values() if a["State"] == "ALIVE"} <= before
+
+
+def test_a_workers_error_or_a_short_answer_ends_the_run_and_the_pool_is_gone(ray_session):
+    ray = ray_session
+
+    def failing(state):
+        return lambda batch: [r if r["x"] != 5 else {}["input 5 is bad"] for r in batch]  # a KeyError at input 5
+
+    with pytest.raises(ray.exceptions.RayTaskError) as caught:
+        list(map_in_order([{"x": i} for i in range(10)], failing, {}, actors=2, batch_records=2))
+    assert isinstance(caught.value.cause, KeyError) and "input 5 is bad" in str(caught.value.cause)
+    with pytest.raises(RuntimeError, match="a worker gave 1 results for 2 inputs"):
+        list(map_in_order([{"x": i} for i in range(4)], lambda state: lambda batch: batch[:1], {}, actors=1,
+                          batch_records=2))
+    wait_until("the pools' actors gone", lambda: all(a["State"] == "DEAD" for a in _pool(ray)), timeout=30)
