@@ -42,7 +42,11 @@ class RunPictures:
 
         self.out_dir, self.name = Path(out_dir), name
         purge = None if resumed_samples is None else resumed_samples + 1  # the checkpoint's own evaluation stays
-        self.writer = SummaryWriter(str(self.out_dir / TENSORBOARD), purge_step=purge, flush_secs=10)
+        # tensorboardX names a file by the second and the host alone, and truncates one of that name: a resumed
+        # run's writer opened in its stopped run's second emptied that run's events. Nanoseconds keep each
+        # writer's file, in the order TensorBoard must read them (by name) for the purge to drop what it should.
+        self.writer = SummaryWriter(str(self.out_dir / TENSORBOARD), purge_step=purge, flush_secs=10,
+                                    filename_suffix=f".{time.time_ns()}")
         self._pending: tuple[list[dict], list[dict]] | None = None
         self._seen: list[tuple[float, float]] = []  # (time.time(), wall_s) of each record added here
         self._wake, self._closed = threading.Condition(), False

@@ -59,7 +59,18 @@ def test_a_resumed_run_hides_what_the_stopped_run_logged_after_its_checkpoint(tm
     again = records[:2] + [_record(310, 65.0)]
     resumed.add(again[-1], again, [])
     resumed.close()
+    assert len(list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))) == 2  # each run's own file
     assert _series(tmp_path, "dev_wer") == [(100, 90.0), (200, 80.0), (310, 65.0)]
+
+
+def test_two_writers_opened_in_the_same_second_keep_their_own_files(tmp_path):
+    first, second = RunPictures(tmp_path, "t"), RunPictures(tmp_path, "t")  # (tensorboardX names files by the second)
+    first.add(_record(100, 90.0), [_record(100, 90.0)], [])
+    second.add(_record(200, 80.0), [_record(200, 80.0)], [])
+    first.close()
+    second.close()
+    assert len(list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))) == 2
+    assert _series(tmp_path, "dev_wer") == [(100, 90.0), (200, 80.0)]
 
 
 def test_an_evaluation_without_a_dev_split_logs_what_it_has(tmp_path):
