@@ -80,8 +80,9 @@ class Refusals:
             self._logged.move_to_end(source)
             while len(self._logged) > MAX_SOURCES:
                 self._logged.popitem(last=False)
-        log.warning("%s refused %s from %s (refusals from there are counted; the next is logged after %g s)",
-                    self.where, reason, source, LOG_EVERY_S)
+            # logged under the lock: whoever sees the count sees the line (a test once looked in between)
+            log.warning("%s refused %s from %s (refusals from there are counted; the next is logged after %g s)",
+                        self.where, reason, source, LOG_EVERY_S)
 
     def take(self) -> dict[str, int]:
         """The counts since the last call, by reason."""
