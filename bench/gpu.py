@@ -19,23 +19,28 @@ Four measurements, each median [IQR] over interleaved repeats (`harness.stats`):
    also copies the weights from and to the device: that cost is what this figure shows.
 
 4. `learners` (`bench/gpu_learners.py`): samples/s, GPU busy % and the seconds a step waits for
-   data, for one Chorus learner, two sharing the GPU, and Ray Train's `TorchTrainer` with a
-   standard `DataLoader(num_workers=...)`, per recipe (tiny.yaml and conformer.yaml at 320 s
-   batches, conformer_gpu.yaml), in `--window`-second windows.
+   data, for one Chorus learner, two sharing the GPU, and the baseline, a standard
+   `DataLoader(num_workers=..., pin_memory=True)` loop as a Ray Train worker runs it (in Ray Train's
+   `TorchTrainer` where `ray.train` imports, else in a plain Ray actor: `--baseline`), per recipe
+   (tiny.yaml and conformer.yaml at 320 s batches, conformer_gpu.yaml), in `--window`-second windows.
 
 Without a CUDA device it says so and writes nothing (exit 2). `--device cpu` runs every part on
 the CPU with gloo instead, as a check that the code runs (written to bench/work/gpu-cpu.json, never
 to bench/results). `passed` is issue 40's targets: every part the machine's GPUs allow measured (communication
 needs 2); one Chorus learner >= 10,000 samples/s for tiny.yaml and conformer.yaml's models;
 conformer_gpu.yaml's learner keeping the GPU >= 70% busy; bf16 >= 1.2x float32 for the 10M model;
-Chorus above Ray Train + DataLoader for every recipe, IQRs apart; no cuDNN compaction warning.
+Chorus above the DataLoader baseline for every recipe, IQRs apart; two tiny.yaml learners sharing the
+GPU >= 1.3x one; no cuDNN compaction warning; and the run complete. The JSON (and figure) is written
+after every part and recipe (`complete: false` until the end), so a run cut off keeps what it measured;
+`--merge` adds an earlier run's recipes to this one's (the GPU kit measures conformer_gpu.yaml first).
 
 On CUDA, a Chorus allreduce learner's wait is what `comm_seconds` says: the group synchronizes the
 device inside the timed block (an NCCL call returns to the host before the transfer is done).
 
-Writes bench/results/gpu.json and gpu.png.
+Writes bench/results/gpu.json and gpu.png (`--out`).
 Usage: .venv/bin/python bench/gpu.py [--repeats 5] [--parts steps,learners,communication] [--window 8]
        [--recipes tiny,conformer,conformer_gpu] [--workers 7] [--sizes 10,30,100] [--device cpu]
+       [--baseline auto|ray_train|torch] [--out PATH] [--merge EARLIER.json]
 """
 
 from __future__ import annotations
@@ -58,7 +63,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import ray  # noqa: E402
 import torch  # noqa: E402
 from gpu_learners import RECIPES, measure  # noqa: E402
-from harness.results import write_results  # noqa: E402
+from harness.results import commit, write_results  # noqa: E402
 from harness.stats import compare, interleaved, summary  # noqa: E402
 
 from jobs.synth.corpus import synthesize  # noqa: E402
@@ -264,10 +269,12 @@ def plot(result: dict, path: Path) -> None:
     ax1.set(ylabel="seconds per step (median, IQR)", title=f"learner step on {result['device_name']}"
             if steps else "learner step: not run")
     recipes = (result.get("learners") or {}).get("recipes", {})
-    for k, contender in enumerate(("chorus_1", "chorus_2_sharing", "ray_train")):
-        rows = [r["samples_per_s"].get(contender, {"median": 0, "iqr": [0, 0]}) for r in recipes.values()]
+    for k, contender in enumerate(("chorus_1", "chorus_2_sharing", "baseline")):
+        rows = [r["samples_per_s"].get(r.get("baseline") if contender == "baseline" else contender,
+                                       {"median": 0, "iqr": [0, 0]}) for r in recipes.values()]
         x = [i + (k - 1) * 0.27 for i in range(len(rows))]
-        ax3.bar(x, [r["median"] for r in rows], width=0.27, label=contender.replace("_", " "),
+        name = ((result.get("learners") or {}).get("baseline") or {}).get("name", "") if k == 2 else contender
+        ax3.bar(x, [r["median"] for r in rows], width=0.27, label=name.replace("_", " "),
                 yerr=[[r["median"] - r["iqr"][0] for r in rows], [r["iqr"][1] - r["median"] for r in rows]], capsize=3)
     ax3.set_xticks(range(len(recipes)), list(recipes))
     ax3.set(yscale="log" if recipes else "linear", ylabel="samples/s (median, IQR)",
@@ -289,21 +296,7 @@ def plot(result: dict, path: Path) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--parts", default="steps,learners,communication", help="which parts to run")
-    parser.add_argument("--sizes", default="10,30,100", help="millions of parameters (communication)")
-    parser.add_argument("--steps", type=int, default=STEPS_PER_REPEAT, help="training steps timed per repeat")
-    parser.add_argument("--batch-seconds", type=float, default=320.0, help="padded audio seconds per batch (steps)")
-    parser.add_argument("--window", type=float, default=8.0, help="seconds of each learners window")
-    parser.add_argument("--recipes", default=",".join(RECIPES), help="learners: which recipes")
-    parser.add_argument("--workers", type=int, default=None, help="learners: data workers (default: CPUs/2 - 1)")
-    parser.add_argument("--utterances", type=int, default=2000, help="the synthesized corpus's training utterances")
-    parser.add_argument("--corpus", type=Path, default=None, help="a `chorus synth` corpus to use instead")
-    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="cpu: a check that the code runs")
-    parser.add_argument("--set", action="append", default=[], help="learners: a spec override for every recipe "
-                        "(a CPU check's smaller model)")
-    args = parser.parse_args()
+    args = arguments()
     if args.device == "cuda" and not torch.cuda.is_available():
         print("bench/gpu.py: no CUDA device on this machine; nothing measured, nothing written "
               "(--device cpu runs the same code on the CPU as a check)")
@@ -314,35 +307,85 @@ def main() -> int:
     if not (corpus / "corpus.json").is_file():
         synthesize(corpus, utterances=args.utterances, eval_utterances=10, seed=0, progress=False)
     workers = args.workers if args.workers is not None else max(1, (os.cpu_count() or 2) // 2 - 1)
-    started = time.time()
-    steps = None
+    out = args.out or (RESULTS / "gpu.json" if args.device == "cuda" else WORK.parent / "gpu-cpu.json")
+    run = Run(out, parts, args.merge)
+    run.result.update({"benchmark": "gpu", "device": args.device, "devices": devices,
+                       "device_name": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu",
+                       "torch": torch.__version__, "repeats": args.repeats, "commit": commit()})
     if "steps" in parts:
-        steps = step_seconds(corpus, args.device, args.repeats, args.steps, args.batch_seconds)
-    communication_rows = learners = None
-    ray.init(num_cpus=max(8, os.cpu_count() or 8), include_dashboard=False, log_to_driver=False)
+        run.save(steps=step_seconds(corpus, args.device, args.repeats, args.steps, args.batch_seconds))
+    ray.init(address="local", num_cpus=max(8, os.cpu_count() or 8), include_dashboard=False, log_to_driver=False)
     try:
         if "learners" in parts:
-            learners = measure(corpus, args.device, args.repeats, args.window, workers, args.recipes.split(","),
-                               args.set)
+            measure(corpus, args.device, args.repeats, args.window, workers, args.recipes.split(","), args.set,
+                    args.baseline, on_recipe=lambda learners: run.save(learners=learners))
         if devices >= 2 and "communication" in parts:
-            communication_rows = communication([int(s) for s in args.sizes.split(",")], args.device, args.repeats)
+            run.save(communication=communication([int(s) for s in args.sizes.split(",")], args.device,
+                                                 args.repeats))
     finally:
         ray.shutdown()
-    result = {"benchmark": "gpu", "device": args.device, "devices": devices,
-              "device_name": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu",
-              "torch": torch.__version__, "repeats": args.repeats, "parts": sorted(parts), "steps": steps,
-              "learners": learners, "communication": communication_rows or "needs 2 devices: not measured",
-              "wall_s": round(time.time() - started, 1)}
-    result["checks"] = checks(result, parts)
-    result["passed"] = all(result["checks"].values())
-    path = RESULTS / "gpu.json" if args.device == "cuda" else WORK.parent / "gpu-cpu.json"
-    write_results(path, result, plot)
-    print(f"{path}: passed {result['passed']}; {json.dumps(result['checks'])}")
-    return 0 if result["passed"] else 1
+    run.save(complete=True)
+    print(f"{out}: passed {run.result['passed']}; {json.dumps(run.result['checks'])}")
+    return 0 if run.result["passed"] else 1
+
+
+class Run:
+    """The result as it grows: written (JSON and figure) after every part and every recipe, so that a
+    run cut off by its time limit still leaves what it measured (`complete: false`, `passed: false`).
+    `merge`: an earlier run's JSON whose recipes (and steps, when this run has none) complete this
+    one's, the GPU kit's way of measuring its most important recipe first, in a step of its own."""
+
+    def __init__(self, out: Path, parts: set[str], merge: Path | None):
+        self.out, self.parts, self.started = out, set(parts), time.time()
+        self.result = {"steps": None, "learners": None, "communication": "needs 2 devices: not measured",
+                       "complete": False}
+        self.earlier = json.loads(merge.read_text()) if merge else None
+        if self.earlier:
+            self.parts |= set(self.earlier.get("parts", []))
+            self.result["merged_from"] = {"path": str(merge), "commit": self.earlier.get("commit"),
+                                          "recipes": sorted((self.earlier.get("learners") or {}).get("recipes", {}))}
+
+    def save(self, complete: bool = False, **parts) -> None:
+        self.result.update(parts)
+        result, earlier = self.result, self.earlier
+        if earlier and earlier.get("learners"):
+            mine = result["learners"] or {**earlier["learners"], "recipes": {}}
+            result["learners"] = {**mine, "recipes": {**earlier["learners"]["recipes"], **mine["recipes"]}}
+        if earlier and result["steps"] is None:
+            result["steps"] = earlier.get("steps")
+        result.update(parts=sorted(self.parts), complete=complete, wall_s=round(time.time() - self.started, 1))
+        result["checks"] = checks(result, self.parts)
+        result["passed"] = complete and all(result["checks"].values())
+        write_results(self.out, result, plot)
+
+
+def arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--parts", default="steps,learners,communication", help="which parts to run")
+    parser.add_argument("--sizes", default="10,30,100", help="millions of parameters (communication)")
+    parser.add_argument("--steps", type=int, default=STEPS_PER_REPEAT, help="training steps timed per repeat")
+    parser.add_argument("--batch-seconds", type=float, default=320.0, help="padded audio seconds per batch (steps)")
+    parser.add_argument("--window", type=float, default=8.0, help="seconds of each learners window")
+    parser.add_argument("--recipes", default=",".join(RECIPES), help="learners: which recipes")
+    parser.add_argument("--workers", type=int, default=None, help="learners: data workers (default: CPUs/2 - 1)")
+    parser.add_argument("--baseline", choices=["auto", "ray_train", "torch"], default="auto",
+                        help="learners: Ray Train's TorchTrainer (auto: where ray.train imports) or the same "
+                        "DataLoader loop in a plain Ray actor")
+    parser.add_argument("--utterances", type=int, default=2000, help="the synthesized corpus's training utterances")
+    parser.add_argument("--corpus", type=Path, default=None, help="a `chorus synth` corpus to use instead")
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="cpu: a check that the code runs")
+    parser.add_argument("--set", action="append", default=[], help="learners: a spec override for every recipe "
+                        "(a CPU check's smaller model)")
+    parser.add_argument("--out", type=Path, default=None, help="the result's JSON (default: bench/results/gpu.json "
+                        "on CUDA, bench/work/gpu-cpu.json on the CPU); written after every part and recipe")
+    parser.add_argument("--merge", type=Path, default=None, help="an earlier result whose recipes (and steps) "
+                        "this run adds to its own before its checks")
+    return parser.parse_args()
 
 
 def checks(result: dict, parts: set[str]) -> dict:
-    """Issue 40's targets, each true or false (a part not run fails its checks)."""
+    """Issue 40's and 59's targets, each true or false (a part not run fails its checks)."""
     steps, learners = result["steps"] or {}, (result["learners"] or {}).get("recipes", {})
 
     def rate(recipe: str) -> float:
@@ -350,6 +393,7 @@ def checks(result: dict, parts: set[str]) -> dict:
 
     busy = (learners.get("conformer_gpu", {}).get("gpu_busy_mean") or {}).get("chorus_1") or {}
     bf16 = steps.get("bf16_speedup", {}).get("10m", {})
+    sharing = learners.get("tiny", {}).get("two_sharing_over_one", {})
     return {
         "communication_measured": result["devices"] < 2 or "communication" not in parts
         or isinstance(result["communication"], dict),
@@ -357,8 +401,9 @@ def checks(result: dict, parts: set[str]) -> dict:
         "conformer_chorus_1_at_least_10000_samples_per_s": rate("conformer") >= 10_000,
         "conformer_gpu_chorus_1_gpu_at_least_70_percent_busy": (busy.get("median") or 0) >= 70,
         "bf16_at_least_1.2x_fp32_10m": (bf16.get("ratio") or 0) >= 1.2,
-        "chorus_above_ray_train_every_recipe": bool(learners) and all(
-            r["chorus_over_ray_train"]["verdict"] == "higher" for r in learners.values()),
+        "chorus_above_baseline_every_recipe": bool(learners) and all(
+            r["chorus_over_baseline"]["verdict"] == "higher" for r in learners.values()),
+        "tiny_two_sharing_at_least_1.3x_one": (sharing.get("ratio") or 0) >= 1.3,
         "no_cudnn_compaction_warning": bool(steps) and not steps["cudnn_compaction_warning"],
     }
 

@@ -6,10 +6,13 @@ conformer_gpu.yaml), on the same corpus, batch plan and GPU, in interleaved wind
   (`features.compute_on: auto`);
 - `chorus_2_sharing`: two such learners on the one GPU (each as with `gpus_per_learner: 0.5`),
   training side by side without a group; their samples/s summed;
-- `ray_train`: Ray Train's `TorchTrainer` (one worker, `use_gpu`) with a standard torch
-  `DataLoader(num_workers=the same count, pin_memory=True, persistent_workers=True)` whose workers
-  compute each utterance's augmentation and filterbanks on the CPU (the same `Corpus`, `compute_on:
-  cpu`), batches from the same plan, the same model, loss and optimizer step.
+- the baseline, what a Ray Train user's training function runs per worker (`LoaderLoop`): a standard
+  torch `DataLoader(num_workers=the same count, pin_memory=True, persistent_workers=True)` whose
+  workers compute each utterance's augmentation and filterbanks on the CPU (the same `Corpus`,
+  `compute_on: cpu`), batches from the same plan, the same model, loss and optimizer step; run by Ray
+  Train's `TorchTrainer` (one worker, `use_gpu`: `ray_train`) where `ray.train` imports, else in a
+  plain Ray actor (`torch_dataloader`: the GPU kit's Ray has no `ray.data`, so no `ray.train`). The
+  result names which, and why (`baseline`).
 
 Each window reports samples/s, GPU busy % (utilization.gpu sampled every 100 ms: NVML through
 `pynvml` when it imports, else `nvidia-smi`; none on a CPU) and the mean seconds a step waited for
@@ -149,27 +152,68 @@ class Baton:
         return self.results.get(n)
 
 
+class LoaderLoop:
+    """What a Ray Train user's training function runs per worker: a standard torch `DataLoader` over the
+    corpus (`num_workers`, `pin_memory`, `persistent_workers`; each utterance's augmentation and
+    filterbanks computed on the CPU in its workers), the same model, loss and optimizer step as a Chorus
+    learner, trained in timed windows. `prepare_model`: Ray Train's (`ray.train.torch.prepare_model`),
+    or None to move the model to this process's GPU (or CPU) as a plain PyTorch script does."""
+
+    def __init__(self, config: dict, prepare_model=None):
+        from torch.utils.data import DataLoader
+
+        from jobs.sections import WorkloadConfig
+        from jobs.workload import AsrWorkload
+
+        torch.set_num_threads(1)
+        self.workload = AsrWorkload(WorkloadConfig.model_validate(config["workload"]), seed=0)
+        corpus, workers = self.workload.train, config["workers"]
+        corpus.tokenizer()
+        model = self.workload.build_model()
+        self.model = prepare_model(model) if prepare_model else model.to(
+            "cuda" if torch.cuda.is_available() else "cpu")
+        self.optimizer = self.workload.build_optimizer(self.model)
+        self.device = next(self.model.parameters()).device
+        self.plan = _Plan(self.workload)
+        self.loader = DataLoader(_Utterances(corpus), batch_sampler=self.plan, num_workers=workers,
+                                 collate_fn=_Collate(corpus), pin_memory=self.device.type == "cuda",
+                                 persistent_workers=workers > 0, prefetch_factor=4 if workers else None)
+        self.batches, self.step = iter(self.loader), 0
+
+    def window(self, seconds: float, start_at: float | None = None) -> dict:
+        """Steps for `seconds` (from `start_at`, a time.time(), when given): samples, steps and data wait."""
+        workload, model, optimizer = self.workload, self.model, self.optimizer
+        samples, steps, waited = 0, 0, 0.0
+        if start_at is not None:
+            time.sleep(max(0.0, start_at - time.time()))
+        _sync()
+        began = time.perf_counter()
+        while time.perf_counter() - began < seconds:
+            asked = time.perf_counter()
+            batch = next(self.batches, None)
+            if batch is None:  # the plan's next epoch
+                self.plan.epoch += 1
+                self.batches = iter(self.loader)
+                continue
+            waited += time.perf_counter() - asked
+            optimizer.zero_grad()
+            loss = workload.loss(model, batch)
+            loss.backward()
+            workload.optimizer_step(model, optimizer, self.step, 0.5)
+            loss.item()  # as a Chorus learner reads its loss every step
+            samples, steps, self.step = samples + batch.size, steps + 1, self.step + 1
+        _sync()
+        elapsed = time.perf_counter() - began
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        return {"samples": samples, "seconds": elapsed, "steps": steps, "wait_s": waited}
+
+
 def ray_train_loop(config: dict) -> None:
-    """Ray Train's worker: a standard DataLoader over the corpus (features on the CPU in its workers),
-    the same model and step as a Chorus learner, in the windows the baton hands it."""
+    """Ray Train's worker: the `LoaderLoop` with Ray Train's `prepare_model`, in the windows the baton hands it."""
     import ray.train.torch
-    from torch.utils.data import DataLoader
 
-    from jobs.sections import WorkloadConfig
-    from jobs.workload import AsrWorkload
-
-    torch.set_num_threads(1)
-    workload = AsrWorkload(WorkloadConfig.model_validate(config["workload"]), seed=0)
-    corpus, baton = workload.train, config["baton"]
-    corpus.tokenizer()
-    model = ray.train.torch.prepare_model(workload.build_model())
-    optimizer = workload.build_optimizer(model)
-    device = next(model.parameters()).device
-    plan = _Plan(workload)
-    loader = DataLoader(_Utterances(corpus), batch_sampler=plan, num_workers=config["workers"],
-                        collate_fn=_Collate(corpus), pin_memory=device.type == "cuda",
-                        persistent_workers=config["workers"] > 0, prefetch_factor=4 if config["workers"] else None)
-    batches, step, n = iter(loader), 0, 0
+    loop, baton, n = LoaderLoop(config, ray.train.torch.prepare_model), config["baton"], 0
     while True:
         seconds = ray.get(baton.next.remote(n))
         if seconds == "wait":
@@ -177,29 +221,20 @@ def ray_train_loop(config: dict) -> None:
             continue
         if seconds is None:
             return
-        samples, steps, waited = 0, 0, 0.0
-        _sync()
-        began = time.perf_counter()
-        while time.perf_counter() - began < seconds:
-            asked = time.perf_counter()
-            batch = next(batches, None)
-            if batch is None:  # the plan's next epoch
-                plan.epoch += 1
-                batches = iter(loader)
-                continue
-            waited += time.perf_counter() - asked
-            optimizer.zero_grad()
-            loss = workload.loss(model, batch)
-            loss.backward()
-            workload.optimizer_step(model, optimizer, step, 0.5)
-            loss.item()  # as a Chorus learner reads its loss every step
-            samples, steps, step = samples + batch.size, steps + 1, step + 1
-        _sync()
-        elapsed = time.perf_counter() - began
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-        ray.get(baton.put.remote(n, {"samples": samples, "seconds": elapsed, "steps": steps, "wait_s": waited}))
+        ray.get(baton.put.remote(n, loop.window(seconds)))
         n += 1
+
+
+@ray.remote
+class TorchLoader:
+    """The `LoaderLoop` in a plain Ray actor: the baseline where `ray.train` does not import (a Ray
+    without `ray.data`, as the GPU kit's): the same loop a Ray Train worker would run, without Ray Train."""
+
+    def __init__(self, config: dict):
+        self.loop = LoaderLoop(config)
+
+    def window(self, seconds: float, start_at: float) -> dict:
+        return self.loop.window(seconds, start_at)
 
 
 class _Plan(torch.utils.data.Sampler):
@@ -236,36 +271,56 @@ class _Collate:
         return self.corpus._batch([(i, f) for i, f in items if f is not None])
 
 
+def baseline(asked: str) -> dict:
+    """The baseline contender, {"name", "why"}: Ray Train's `TorchTrainer` (`ray_train`) where
+    `ray.train` imports and `asked` allows it, else the same loop in a plain Ray actor (`torch_dataloader`)."""
+    if asked == "torch":
+        return {"name": "torch_dataloader", "why": "asked for (--baseline torch)"}
+    try:
+        import ray.train.torch  # noqa: F401
+    except ImportError as exc:  # a Ray without ray.data (the GPU kit's repacked wheel)
+        if asked == "ray_train":
+            raise SystemExit(f"bench/gpu.py: --baseline ray_train, but ray.train does not import here: {exc}") from exc
+        return {"name": "torch_dataloader", "why": f"ray.train does not import here ({exc}): the loop a Ray Train "
+                "worker runs, in a plain Ray actor"}
+    return {"name": "ray_train", "why": "ray.train imports here" if asked == "auto" else "asked for"}
+
+
 def measure(corpus: Path, device: str, repeats: int, window: float, workers: int, recipes: list[str],
-            cpu_overrides: list[str]) -> dict:
-    """Every recipe's three contenders, interleaved; samples/s, GPU busy and data wait per window."""
-    return {"window_s": window, "workers": workers, "repeats": repeats,
-            "recipes": {recipe: RecipeRun(recipe, corpus, device, window, workers, cpu_overrides).run(repeats)
-                        for recipe in recipes}}
+            cpu_overrides: list[str], asked_baseline: str = "auto", on_recipe=None) -> dict:
+    """Every recipe's contenders, interleaved; samples/s, GPU busy and data wait per window.
+    `on_recipe(result so far)` after each recipe (a cut-off run keeps the recipes it measured)."""
+    result = {"window_s": window, "workers": workers, "repeats": repeats, "baseline": baseline(asked_baseline),
+              "recipes": {}}
+    for recipe in recipes:
+        result["recipes"][recipe] = RecipeRun(recipe, corpus, device, window, workers, cpu_overrides,
+                                              result["baseline"]["name"]).run(repeats)
+        if on_recipe is not None:
+            on_recipe(result)
+    return result
 
 
 class RecipeRun:
     """One recipe's contenders, started once, measured window by window."""
 
-    def __init__(self, recipe: str, corpus: Path, device: str, window: float, workers: int, overrides: list[str]):
-        self.device, self.window = device, window
+    def __init__(self, recipe: str, corpus: Path, device: str, window: float, workers: int, overrides: list[str],
+                 baseline_name: str):
+        self.device, self.window, self.baseline = device, window, baseline_name
         gpu = {"num_gpus": SHARE} if device == "cuda" else {}
         self.config = recipe_config(recipe, corpus, workers, "auto", overrides)
         self.one = ChorusLearner.options(num_cpus=0, **gpu).remote(self.config, workers + 1)
         self.two = [ChorusLearner.options(num_cpus=0, **gpu).remote(self.config, workers + 1) for _ in range(2)]
-        self.baton, self.asked, self.fit = Baton.remote(), 0, None
-        self.windows: dict[str, list[dict]] = {"chorus_1": [], "chorus_2_sharing": [], "ray_train": []}
-        try:
-            from ray.train import RunConfig, ScalingConfig
-            from ray.train.torch import TorchTrainer
-        except ImportError as exc:  # a Ray without ray.data (the GPU kit's repacked wheel): no baseline
-            self.missing = f"not measured: ray.train does not import here ({exc})"
-            del self.windows["ray_train"]
+        self.asked, self.fit, self.loader, self.baton = 0, None, None, None
+        self.windows: dict[str, list[dict]] = {"chorus_1": [], "chorus_2_sharing": [], baseline_name: []}
+        loop_config = {"workload": recipe_config(recipe, corpus, workers, "cpu", overrides), "workers": workers}
+        if baseline_name == "torch_dataloader":
+            self.loader = TorchLoader.options(num_cpus=0, **gpu).remote(loop_config)
             return
-        self.missing = None
-        trainer = TorchTrainer(ray_train_loop, train_loop_config={
-            "workload": recipe_config(recipe, corpus, workers, "cpu", overrides), "baton": self.baton,
-            "workers": workers},
+        from ray.train import RunConfig, ScalingConfig
+        from ray.train.torch import TorchTrainer
+
+        self.baton = Baton.remote()
+        trainer = TorchTrainer(ray_train_loop, train_loop_config={**loop_config, "baton": self.baton},
             scaling_config=ScalingConfig(num_workers=1, use_gpu=device == "cuda",
                                          resources_per_worker={"CPU": 0.01, **({"GPU": SHARE} if gpu else {})}),
             run_config=RunConfig(name=f"gpu-learners-{recipe}-{time.time_ns()}",
@@ -278,6 +333,9 @@ class RecipeRun:
         with GpuBusy(self.device) as busy:
             got = ray.get([a.window.remote(self.window, start_at) for a in actors])
         return self.record(name, got, busy)
+
+    def torch_dataloader(self) -> float:
+        return self.chorus([self.loader], "torch_dataloader")
 
     def ray_train(self) -> float:
         n, self.asked = self.asked, self.asked + 1
@@ -300,20 +358,20 @@ class RecipeRun:
         from harness.stats import compare, interleaved, summary
 
         contenders = {"chorus_1": lambda _r: self.chorus([self.one], "chorus_1"),
-                      "chorus_2_sharing": lambda _r: self.chorus(self.two, "chorus_2_sharing")}
-        if self.fit is not None:
-            contenders["ray_train"] = lambda _r: self.ray_train()
+                      "chorus_2_sharing": lambda _r: self.chorus(self.two, "chorus_2_sharing"),
+                      self.baseline: lambda _r: getattr(self, self.baseline)()}
         try:
             for name, run in contenders.items():  # warm-up windows (workers started, kernels chosen), not kept
                 run(-1)
                 self.windows[name].clear()
             runs = interleaved(contenders, repeats=repeats)
         finally:
-            self.baton.ask.remote(self.asked, None)
             if self.fit is not None:
+                self.baton.ask.remote(self.asked, None)
                 self.fit.join(timeout=120)
-            for actor in [self.one, *self.two, self.baton]:
-                ray.kill(actor)
+            for actor in [self.one, *self.two, self.baton, self.loader]:
+                if actor is not None:
+                    ray.kill(actor)
         stats = {name: summary(values) for name, values in runs.items()}
         cuda = self.device == "cuda"
         return {"samples_per_s": stats,
@@ -321,8 +379,9 @@ class RecipeRun:
                                   for n, ws in self.windows.items()},
                 "data_wait_s_per_step": {n: summary([w["data_wait_s_per_step"] for w in ws])
                                          for n, ws in self.windows.items()},
-                "windows": self.windows, "chorus_over_ray_train": self.missing and {"verdict": self.missing}
-                or compare(stats["chorus_1"], stats["ray_train"]),
+                "windows": self.windows, "baseline": self.baseline,
+                "chorus_over_baseline": compare(stats["chorus_1"], stats[self.baseline]),
+                "two_sharing_over_one": compare(stats["chorus_2_sharing"], stats["chorus_1"]),
                 "parameters": _parameters(self.config)}
 
 
