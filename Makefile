@@ -75,7 +75,7 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/tiny_asr.py
 
-# Chorus's GPU steps on one GPU, offline (tools/gpu_check/README.md: WHEELS, what it writes); -dry: on this CPU
+# Chorus's GPU steps on one GPU, offline, in <= 420 s (tools/gpu_check/README.md); -dry: on this CPU (~5 min)
 GPU_PY ?= python3
 gpu-check:
 	WHEELS=$(or $(WHEELS),.gpu/whl) PY=$(GPU_PY) bash tools/gpu_check/run.sh

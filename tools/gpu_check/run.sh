@@ -2,14 +2,18 @@
 # Chorus's GPU check: one GPU, offline. From the project root on the GPU box:   make gpu-check
 #   (= WHEELS=.gpu/whl bash tools/gpu_check/run.sh; WHEELS: cp312 wheels of what the image lacks, see README.md)
 # Dry run on a CPU machine (project venv, accelerator=cpu, short budgets):   make gpu-check-dry
-# Every step has its own timeout; a failed step is logged and the next one runs. At most TOTAL_S
-# (600) seconds in all: a session's 15 minutes of device time hold one run and a machine's start. Logs: $OUT/logs/ while running, then $OUT/gpu_logs.tar.gz + $OUT/summary.txt.
+# Every step has its own timeout; a failed step is logged and the next one runs. At most TOTAL_S (420)
+# seconds in all: a session's 15 minutes of device time hold a machine's start, one run and a rerun.
+# The most important figures first: bench/gpu.py's conformer_gpu.yaml row (g1) right after the corpus.
+# As each step ends its summary line (summarize.py) is added to $OUT/summary.txt and printed, and its
+# figures are in $OUT (bench/gpu.py's JSON after every recipe), so a run cut off still returns them.
+# Logs: $OUT/logs/ while running, then $OUT/gpu_logs.tar.gz; $OUT/summary.txt whole at the end.
 set -u
 T0=$(date +%s)
 KIT=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 WHEELS=${WHEELS:-.gpu/whl}                  # never committed: copied beside the checkout (tools/gpu_check/README.md)
 DRY=${DRY:-0}
-TOTAL=${TOTAL_S:-600}
+if [ "$DRY" = 1 ]; then TOTAL=${TOTAL_S:-900}; else TOTAL=${TOTAL_S:-420}; fi
 DEADLINE=$((T0 + TOTAL))
 RESERVE=15                                  # seconds kept for stopping Ray and packing the logs
 OUT=${OUT:-/tmp/chorus-kit-out}
@@ -18,16 +22,28 @@ W=${WORK_DIR:-/tmp/ck$$}                   # scratch: short (Ray's socket paths 
 P=$W/project
 CORPUS=$W/tiny                              # the corpus step b synthesizes
 mkdir -p "$LOGS" "$W/runs"
+rm -f "$OUT/summary.txt" "$OUT"/gpu*.json "$OUT"/gpu*.png   # an earlier run's, in a reused OUT
 export PYTHONUNBUFFERED=1 RAY_USAGE_STATS_ENABLED=0 RAY_AUTH_MODE=disabled
+export RAY_TMPDIR=$W                        # a Ray that bench/gpu.py starts lives (and is cleaned up) in the scratch
+G_REPEATS=${G_REPEATS:-5}                             # bench/gpu.py: interleaved repeats of every contender
+G_BASELINE=${G_BASELINE:-auto}                        # its baseline: auto (Ray Train where ray.train imports) or torch
 if [ "$DRY" = 1 ]; then
   PY=${PY:-.venv/bin/python}; CPUS=${CPUS:-2}; GPUS=0; ACC=cpu; STORE_MB=500
-  SYNTH_UTT=${SYNTH_UTT:-300}; D_WALL=${D_WALL:-20}; E_WALL=${E_WALL:-20}; F_WALL=${F_WALL:-15}; H_WALL=${H_WALL:-15}
+  SYNTH_UTT=${SYNTH_UTT:-300}; D_WALL=${D_WALL:-20}; F_WALL=${F_WALL:-15}; H_WALL=${H_WALL:-15}
   GPU_CPL=1; CPU_CPL=2; H_CPL=1; PROBE_STEPS=3
+  G_WINDOW=${G_WINDOW:-1}; G2_WINDOW=${G2_WINDOW:-1}; G1_CAP=400; G2_CAP=400
+  # bench/gpu.py on the CPU: every part's code, on a model and batches a CPU steps in well under a second
+  G_ARGS=(--device cpu --workers 1 --steps 1 --batch-seconds 20 --set model.d_model=32 --set model.hidden=32
+          --set model.layers=1 --set model.heads=2 --set model.ffn_dim=64 --set model.subsample_channels=8
+          --set data.max_batch_seconds=20 --sizes 1)
 else
   PY=${PY:-python3}; CPUS=${CPUS:-16}; GPUS=1; ACC=gpu; STORE_MB=4000
-  SYNTH_UTT=${SYNTH_UTT:-2000}; D_WALL=${D_WALL:-60}; E_WALL=${E_WALL:-60}; F_WALL=${F_WALL:-40}; H_WALL=${H_WALL:-45}
+  SYNTH_UTT=${SYNTH_UTT:-1000}; D_WALL=${D_WALL:-20}; F_WALL=${F_WALL:-20}; H_WALL=${H_WALL:-20}
   GPU_CPL=8; CPU_CPL=16; H_CPL=8; PROBE_STEPS=10
+  G_WINDOW=${G_WINDOW:-3}; G2_WINDOW=${G2_WINDOW:-2}; G1_CAP=150; G2_CAP=240  # seconds a window; step limits
+  G_ARGS=(--workers $((CPUS / 2 - 1)) --steps 5)
 fi
+G_ARGS+=(--repeats "$G_REPEATS" --baseline "$G_BASELINE" --corpus "$CORPUS")
 TRAIN_OVERHEAD=${TRAIN_OVERHEAD:-40}       # a job's start (actor, torch, CUDA) and final test evaluations, beyond its wall budget
 echo -e "step\trc\tstart\tend\tnote" > "$LOGS/steps.tsv"
 BG_PIDS=()
@@ -36,14 +52,24 @@ TRAIN_ENV=()
 
 log() { echo "[run.sh $(( $(date +%s) - T0 ))s] $*" | tee -a "$LOGS/run.log"; }
 
+# summarize_step NAME: the step's summary line, added to $OUT/summary.txt as the step ends, and printed
+summarize_step() {
+  local text; text=$(timeout 20 "$PY" "$KIT/summarize.py" "$OUT" --step "$1" 2>> "$LOGS/summarize.err") \
+    || text="$1	rc=?	0.0s	{\"summarize_failed\": \"see logs/summarize.err\"}"
+  echo "$text" >> "$OUT/summary.txt"
+  log "summary: $text"
+}
+
+# row NAME RC START END NOTE: a line in steps.tsv, then the step's summary line
+row() { echo -e "$1\t$2\t$3\t$4\t$5" >> "$LOGS/steps.tsv"; summarize_step "$1"; }
+
 # run_step NAME TIMEOUT CMD...: CMD under `timeout`, capped to what is left before the deadline;
-# its stdout+stderr in logs/NAME.log; a line in steps.tsv whatever happens.
+# its stdout+stderr in logs/NAME.log; a line in steps.tsv whatever happens, and the step's summary line
+# (SUMMARY_LATER=1: the caller summarizes, once it has copied the step's files).
 run_step() {
   local name=$1 t=$2; shift 2
   local left=$(( DEADLINE - $(date +%s) - RESERVE - 10 ))
-  if (( left < 10 )); then
-    log "$name: skipped, no time left"; echo -e "$name\tskip\t$(date +%s.%N)\t$(date +%s.%N)\tno time left" >> "$LOGS/steps.tsv"; return 0
-  fi
+  if (( left < 10 )); then skip_step "$name" "no time left"; return 0; fi
   (( t > left )) && t=$left
   local s; s=$(date +%s.%N)
   log "$name: start (timeout ${t}s): $*"
@@ -52,10 +78,11 @@ run_step() {
   local rc=$?
   echo -e "$name\t$rc\t$s\t$(date +%s.%N)\t${NOTE:-}" >> "$LOGS/steps.tsv"
   log "$name: rc $rc after $(( $(date +%s) - ${s%.*} ))s"
+  [ "${SUMMARY_LATER:-0}" = 1 ] || summarize_step "$name"
   return 0
 }
 
-skip_step() { log "$1: skipped: $2"; echo -e "$1\tskip\t$(date +%s.%N)\t$(date +%s.%N)\t$2" >> "$LOGS/steps.tsv"; }
+skip_step() { log "$1: skipped: $2"; row "$1" skip "$(date +%s.%N)" "$(date +%s.%N)" "$2"; }
 
 finish() {
   trap - EXIT TERM INT
@@ -66,12 +93,14 @@ finish() {
   # the warnings and errors of every process (learner actors log to Ray's files, not to the console)
   grep -rhE "Warning|WARNING|Error|ERROR|Traceback|Exception|cudnn|cuDNN|CUDA|not part of single contiguous" "$LOGS" \
     --include='*.log' --include='*.err' --include='*.out' 2>/dev/null \
-    | grep -vE "^=== |^\[run.sh|state-dump|errored: 0|RAY_ERROR_INFO_CHANNEL|plasma error: 0|^(torch|gpu|python)=|utils.py:[0-9]+ -- Module ray.dashboard" \
+    | grep -vE "^=== |^\[run.sh|runtime_env_agent.py|state-dump|errored: 0|RAY_ERROR_INFO_CHANNEL|plasma error: 0|^(torch|gpu|python)=|utils.py:[0-9]+ -- Module ray.dashboard" \
     | sed -E 's/^[0-9-]+ [0-9:,]+\s+//' | sort | uniq -c | sort -rn | head -300 > "$LOGS/warnings_and_errors.txt"
-  timeout 20 "$PY" "$KIT/summarize.py" "$LOGS" "$T0" > "$OUT/summary.txt" 2> "$LOGS/summarize.err" \
-    || { echo "summarize.py failed (see summarize.err); steps.tsv:"; cat "$LOGS/steps.tsv"; } >> "$OUT/summary.txt"
-  echo "total_s $(( $(date +%s) - T0 ))" >> "$OUT/summary.txt"
+  # the whole summary, headline first, in place of the lines added step by step (kept if this fails)
+  timeout 20 "$PY" "$KIT/summarize.py" "$OUT" > "$OUT/summary.whole" 2>> "$LOGS/summarize.err" \
+    && mv "$OUT/summary.whole" "$OUT/summary.txt" || rm -f "$OUT/summary.whole"
+  echo -e "total_s\t{\"seconds\": $(( $(date +%s) - T0 )), \"limit_s\": $TOTAL}" >> "$OUT/summary.txt"
   cp "$OUT/summary.txt" "$LOGS/"
+  echo "=== $OUT/summary.txt"; cat "$OUT/summary.txt"
   { tar -czf "$OUT/gpu_logs.tar.gz" -C "$OUT" logs \
     || "$PY" -c "import sys, tarfile; tarfile.open(sys.argv[1], 'w:gz').add(sys.argv[2], 'logs')" "$OUT/gpu_logs.tar.gz" "$LOGS"; } \
     && rm -rf "$LOGS"
@@ -111,9 +140,11 @@ train() {
               --set data.test_unseen_engine=null --set "data.train=$CORPUS/train.jsonl" --set "data.dev=$CORPUS/dev.jsonl"
               --set "data.test=$CORPUS/test.jsonl" --set "data.test_unseen=$CORPUS/test-unseen.jsonl" "$@")
   [ -n "$addr" ] && args+=(--address "$addr")
-  NOTE="wall=$wall" run_step "$name" $(( wall + TRAIN_OVERHEAD )) env ${TRAIN_ENV[@]+"${TRAIN_ENV[@]}"} "$PY" "${args[@]}"
+  NOTE="wall=$wall" SUMMARY_LATER=1 run_step "$name" $(( wall + TRAIN_OVERHEAD )) \
+    env ${TRAIN_ENV[@]+"${TRAIN_ENV[@]}"} "$PY" "${args[@]}"
   mkdir -p "$LOGS/$name"
   for f in summary.json evals.jsonl events.jsonl; do cp "$W/runs/$name/$f" "$LOGS/$name/" 2>/dev/null; done
+  [ "$(tail -1 "$LOGS/steps.tsv" | cut -f1,2)" != "$name	skip" ] && summarize_step "$name"
 }
 
 # ---- set-up: the project at a scratch path, the kit's wheels
@@ -121,7 +152,7 @@ if [ -d "$KIT/project" ]; then cp -r "$KIT/project" "$P" && cd "$P" || { log "no
 else P=${PROJECT:-$PWD}; cd "$P" || exit 1; [ -d orchestrator ] || { log "run from the project root (no orchestrator/ here)"; exit 1; }; fi
 if [ "$DRY" = 1 ]; then
   export PYTHONPATH=${DRY_SITE:+$DRY_SITE:}$P
-  echo -e "install\t0\t$T0\t$(date +%s)\tdry: the venv's packages${DRY_SITE:+ + $DRY_SITE}" >> "$LOGS/steps.tsv"
+  row install 0 "$T0" "$(date +%s)" "dry: the venv's packages${DRY_SITE:+ + $DRY_SITE}"
 elif [ "${SKIP_INSTALL:-0}" = 1 ]; then  # tests of this script only: PY's own packages
   export PYTHONPATH=$P
 else
@@ -155,51 +186,48 @@ if [ "$DRY" != 1 ]; then
     done ) > "$LOGS/gpu_procs.log" 2>&1 & BG_PIDS+=($!)
 fi
 vmstat -t 2 > "$LOGS/vmstat.log" 2>&1 & BG_PIDS+=($!)
-echo -e "c_monitors\t0\t$(date +%s)\t$(date +%s)\t${#BG_PIDS[@]} monitors" >> "$LOGS/steps.tsv"
+row c_monitors 0 "$(date +%s)" "$(date +%s)" "${#BG_PIDS[@]} monitors"
 
-# ---- i (first: a quick, direct check). cuDNN LSTM vs the learner's flat parameters, CPU and GPU
-run_step i_lstm_probe 90 "$PY" "$KIT/lstm_probe.py" "$CORPUS" --steps "$PROBE_STEPS"
+# ---- g1 (first: what the check is for). bench/gpu.py's conformer_gpu.yaml row: samples/s, GPU busy and
+# data wait of one learner, two sharing the GPU and the DataLoader baseline, interleaved windows
+NOTE="conformer_gpu.yaml" run_step g1_conformer_gpu "$G1_CAP" "$PY" bench/gpu.py "${G_ARGS[@]}" --window "$G_WINDOW" \
+  --parts learners --recipes conformer_gpu --out "$OUT/gpu_conformer_gpu.json"
+SUMMARY_HEAD=$(timeout 20 "$PY" "$KIT/summarize.py" "$OUT" --headline 2>> "$LOGS/summarize.err") \
+  && { echo "$SUMMARY_HEAD" >> "$OUT/summary.txt"; log "summary: $SUMMARY_HEAD"; }
 
-# ---- g (second: issue 40's figures). bench/gpu.py: steps at 320 s batches, then one learner, two sharing
-# the GPU and Ray Train + DataLoader per recipe, 4 s windows x 5 repeats, interleaved (~6 min)
-if [ "$DRY" = 1 ]; then
-  skip_step g_bench_gpu "dry run (on a CPU: .venv/bin/python bench/gpu.py --device cpu, ~4 min)"
-else
-  run_step g_bench_gpu 420 "$PY" bench/gpu.py --repeats 5 --window 4 --steps 5 --workers $((CPUS / 2 - 1)) --corpus "$CORPUS"
-  cp bench/results/gpu.json bench/results/gpu.png "$LOGS/" 2>/dev/null
-fi
+# ---- i. cuDNN's LSTM vs the learner's flat parameters (a compaction warning on the GPU fails it)
+run_step i_lstm_probe 60 "$PY" "$KIT/lstm_probe.py" "$CORPUS" --steps "$PROBE_STEPS"
 
-# ---- d, e. one learner as a Ray actor holding the GPU (the cluster user's path: --address)
+# ---- g2. bench/gpu.py's other parts: a learner's step at 320 s batches (fp32, bf16), then the learners
+# row of tiny.yaml and conformer.yaml's models; g1's row merged in: $OUT/gpu.json is the whole result
+MERGE=(); [ -f "$OUT/gpu_conformer_gpu.json" ] && MERGE=(--merge "$OUT/gpu_conformer_gpu.json")
+NOTE="tiny,conformer + steps" run_step g2_bench_gpu "$G2_CAP" "$PY" bench/gpu.py "${G_ARGS[@]}" --window "$G2_WINDOW" \
+  --parts steps,learners,communication --recipes tiny,conformer ${MERGE[@]+"${MERGE[@]}"} --out "$OUT/gpu.json"
+
+# ---- d, h. Chorus jobs as a cluster user runs them (--address): one learner actor holding the GPU, then
+# two gossip learners sharing it, half each (gpus_per_learner: 0.5)
 start_head ray_head_gpu "$W/rg" "$GPUS"
 GPU_HEAD=$HEAD_ADDR
 if [ -n "$GPU_HEAD" ]; then
   train d_tiny_gpu "$GPU_HEAD" "$D_WALL" jobs/configs/tiny.yaml --set learners=1 --set "accelerator=$ACC" \
     --set "cpus_per_learner=$GPU_CPL"
-  train e_conformer_bf16 "$GPU_HEAD" "$E_WALL" jobs/configs/conformer.yaml --set learners=1 --set "accelerator=$ACC" \
-    --set "cpus_per_learner=$GPU_CPL" --set model.precision=bf16
+  SHARE=(); [ "$DRY" != 1 ] && SHARE=(--set gpus_per_learner=0.5)
+  train h_gossip2_shared_gpu "$GPU_HEAD" "$H_WALL" jobs/configs/tiny.yaml --set learners=2 --set group.kind=gossip \
+    --set "accelerator=$ACC" "${SHARE[@]}" --set "cpus_per_learner=$H_CPL"
+  stop_head "${HEAD_DIRS[-1]}"
 else
-  skip_step d_tiny_gpu "no Ray head"; skip_step e_conformer_bf16 "no Ray head"
+  skip_step d_tiny_gpu "no Ray head"; skip_step h_gossip2_shared_gpu "no Ray head"
 fi
 
-# ---- f. the CPU baseline: the same job on a CPU-only head (CUDA hidden from its processes)
+# ---- f. the CPU baseline: tiny.yaml on a CPU-only head (CUDA hidden from its processes), for a GPU/CPU ratio
 start_head ray_head_cpu "$W/rc" 0 CUDA_VISIBLE_DEVICES=
 if [ -n "$HEAD_ADDR" ]; then
-  CPU_HEAD_ENTRY=${HEAD_DIRS[-1]}
   TRAIN_ENV=(CUDA_VISIBLE_DEVICES=)
   train f_tiny_cpu "$HEAD_ADDR" "$F_WALL" jobs/configs/tiny.yaml --set learners=1 --set accelerator=cpu \
     --set "cpus_per_learner=$CPU_CPL"
   TRAIN_ENV=()
-  stop_head "$CPU_HEAD_ENTRY"
+  stop_head "${HEAD_DIRS[-1]}"
 else
   skip_step f_tiny_cpu "no Ray head"
-fi
-
-# ---- h. two gossip learners sharing the one GPU, half of it each (gpus_per_learner: 0.5)
-if [ -n "$GPU_HEAD" ]; then
-  SHARE=(); [ "$DRY" != 1 ] && SHARE=(--set gpus_per_learner=0.5)
-  train h_gossip2_shared_gpu "$GPU_HEAD" "$H_WALL" jobs/configs/tiny.yaml --set learners=2 --set group.kind=gossip \
-    --set "accelerator=$ACC" "${SHARE[@]}" --set "cpus_per_learner=$H_CPL"
-else
-  skip_step h_gossip2_shared_gpu "no Ray head"
 fi
 log "steps done"
