@@ -12,11 +12,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def write_results(path: Path, result: dict, plot: Callable[[dict, Path], None]) -> None:
-    """`result` as JSON at `path` (it must say `passed`) and its figure beside it (same name, .png)."""
+    """`result` as JSON at `path` (it must say `passed`), replaced whole, and its figure beside it (same
+    name, .png)."""
     if not isinstance(result.get("passed"), bool):
         raise ValueError(f"{path.name}: a benchmark's result needs a top-level boolean 'passed'")
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2) + "\n")
+    partial = path.with_name(path.name + ".partial")  # a run killed while writing leaves the last whole result
+    partial.write_text(json.dumps(result, indent=2) + "\n")
+    partial.replace(path)
     plot(result, path.with_suffix(".png"))
 
 
