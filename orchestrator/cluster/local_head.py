@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 BIN = Path(sys.executable).parent  # the venv's bin: on the head's PATH, so a job's `python` is this one
+HEAD_MARK = "CHORUS_HEAD_DIR"  # in the environment of every process a head starts: its temp dir (pids())
 
 
 def free_port() -> int:
@@ -61,7 +62,7 @@ class HeadNode:
         self.temp_dir = Path(tempfile.mkdtemp(prefix=temp_prefix, dir="/tmp"))  # short: Ray's socket paths
         self.token_file = self.temp_dir / "auth_token"
         self.env = {**os.environ, "PATH": f"{BIN}:{os.environ.get('PATH', '')}", "RAY_AUTH_MODE": "disabled",
-                    **(env or {})}
+                    HEAD_MARK: str(self.temp_dir), **(env or {})}
         if token:
             self.token_file.write_text(secrets.token_hex(16))
             self.env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(self.token_file))
@@ -108,9 +109,10 @@ class HeadNode:
 
     def pids(self) -> list[int]:
         """The head's processes: those started with its temp dir or its GCS address in their
-        command line (a daemon of `ray start` that names no folder, such as Ray
-        Client's server, has only the latter), and all their descendants (workers, job drivers)."""
-        parent, cmdline = {}, {}
+        command line, or with its mark in their environment (`HEAD_MARK`: Ray Client's server names
+        neither, and gives the GCS by the machine's own address, not the head's), and all their
+        descendants (workers, job drivers)."""
+        parent, cmdline, mark = {}, {}, f"{HEAD_MARK}={self.temp_dir}".encode()
         for entry in Path("/proc").iterdir():
             if not entry.name.isdigit():
                 continue
@@ -125,7 +127,8 @@ class HeadNode:
             mine.add(pid)
             pid = parent.get(pid, 1)
         gcs = re.compile(rf"address=(?:[^\s\x00]*[=/])?{re.escape(self.node_ip)}:{self.gcs_port}(?![0-9])")
-        found = {pid for pid, line in cmdline.items() if str(self.temp_dir) in line or gcs.search(line)} - mine
+        found = {pid for pid, line in cmdline.items() if str(self.temp_dir) in line or gcs.search(line)
+                 or _has_in_environment(pid, mark)} - mine
         grew = True
         while grew:
             children = {pid for pid, ppid in parent.items() if ppid in found} - found - mine
@@ -176,6 +179,13 @@ def fake_cluster_config(cluster: dict, gcs_address: str) -> dict:
             "worker_setup_commands": [], "head_start_ray_commands": [], "worker_start_ray_commands": [],
             "file_mounts": {}, "cluster_synced_files": [], "file_mounts_sync_continuously": False,
             "rsync_exclude": [], "rsync_filter": []}
+
+
+def _has_in_environment(pid: int, entry: bytes) -> bool:
+    try:
+        return entry in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
 
 
 def _zombie(pid: int) -> bool:
