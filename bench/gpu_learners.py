@@ -76,7 +76,10 @@ class GpuBusy:
 
             def sample():
                 while not self._stop.wait(0.1):
-                    self.samples.append(read())
+                    try:
+                        self.samples.append(read())
+                    except Exception:  # a sample lost (nvidia-smi slow or failing): the window keeps the others
+                        continue
             self._thread = threading.Thread(target=sample, daemon=True)
             self._thread.start()
         return self
@@ -373,10 +376,12 @@ class RecipeRun:
                 if actor is not None:
                     ray.kill(actor)
         stats = {name: summary(values) for name, values in runs.items()}
-        cuda = self.device == "cuda"
-        return {"samples_per_s": stats,
-                "gpu_busy_mean": {n: summary([w["gpu_busy"]["mean"] for w in ws]) if cuda else None
-                                  for n, ws in self.windows.items()},
+        busy = {n: [w["gpu_busy"]["mean"] for w in ws if w["gpu_busy"]["mean"] is not None]
+                for n, ws in self.windows.items()}
+        return {"samples_per_s": stats, "window_s": self.window, "repeats": repeats,
+                "workers": self.config["data"]["workers"],
+                "gpu_busy_mean": {n: summary(b) if len(b) == len(self.windows[n]) else None
+                                  for n, b in busy.items()},
                 "data_wait_s_per_step": {n: summary([w["data_wait_s_per_step"] for w in ws])
                                          for n, ws in self.windows.items()},
                 "windows": self.windows, "baseline": self.baseline,

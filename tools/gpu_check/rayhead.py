@@ -16,7 +16,7 @@ from pathlib import Path
 
 
 def start(temp_dir: str, cpus: int, gpus: int, store_mb: int) -> int:
-    from orchestrator.cluster.local_head import free_ports
+    from orchestrator.cluster.local_head import HEAD_MARK, free_ports
 
     gcs, client, agent, dash, metrics, autoscaler_metrics, dashboard_metrics = free_ports(7)
     command = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--node-ip-address", "127.0.0.1",
@@ -28,7 +28,7 @@ def start(temp_dir: str, cpus: int, gpus: int, store_mb: int) -> int:
     print(" ".join(command), file=sys.stderr, flush=True)
     # not Ray's default metrics ports (44217, 44227): a second head on this machine would find them taken
     env = {**os.environ, "AUTOSCALER_METRIC_PORT": str(autoscaler_metrics),
-           "DASHBOARD_METRIC_PORT": str(dashboard_metrics)}
+           "DASHBOARD_METRIC_PORT": str(dashboard_metrics), HEAD_MARK: temp_dir}  # how stop() finds them all
     proc = subprocess.run(command, capture_output=True, text=True, timeout=150, env=env)
     sys.stderr.write(proc.stdout + proc.stderr)
     if proc.returncode != 0:

@@ -15,14 +15,14 @@ WHEELS=${WHEELS:-.gpu/whl}                  # never committed: copied beside the
 DRY=${DRY:-0}
 if [ "$DRY" = 1 ]; then TOTAL=${TOTAL_S:-900}; else TOTAL=${TOTAL_S:-420}; fi
 DEADLINE=$((T0 + TOTAL))
-RESERVE=15                                  # seconds kept for stopping Ray and packing the logs
+RESERVE=30                                  # seconds kept for the last summary line, stopping Ray, packing the logs
 OUT=${OUT:-/tmp/chorus-kit-out}
 LOGS=$OUT/logs
 W=${WORK_DIR:-/tmp/ck$$}                   # scratch: short (Ray's socket paths live under it)
 P=$W/project
 CORPUS=$W/tiny                              # the corpus step b synthesizes
+rm -rf "$LOGS" "$OUT/summary.txt" "$OUT"/gpu*.json "$OUT"/gpu*.png   # an earlier run's, in a reused OUT
 mkdir -p "$LOGS" "$W/runs"
-rm -f "$OUT/summary.txt" "$OUT"/gpu*.json "$OUT"/gpu*.png   # an earlier run's, in a reused OUT
 export PYTHONUNBUFFERED=1 RAY_USAGE_STATS_ENABLED=0 RAY_AUTH_MODE=disabled
 export RAY_TMPDIR=$W                        # a Ray that bench/gpu.py starts lives (and is cleaned up) in the scratch
 G_REPEATS=${G_REPEATS:-5}                             # bench/gpu.py: interleaved repeats of every contender
@@ -72,10 +72,14 @@ run_step() {
   if (( left < 10 )); then skip_step "$name" "no time left"; return 0; fi
   (( t > left )) && t=$left
   local s; s=$(date +%s.%N)
-  log "$name: start (timeout ${t}s): $*"
   { echo "=== $name: $* (timeout ${t}s, cwd $(pwd))"; } >> "$LOGS/$name.log"
-  timeout -k 10 "$t" "$@" >> "$LOGS/$name.log" 2>&1 < /dev/null
+  # in the background and waited for: a TERM to this script is handled at once (the trap stops the step)
+  timeout -k 10 "$t" "$@" >> "$LOGS/$name.log" 2>&1 < /dev/null &
+  STEP_PID=$! STEP_NAME=$name STEP_START=$s
+  log "$name: start (timeout ${t}s): $*"
+  wait "$STEP_PID"
   local rc=$?
+  STEP_PID=""
   echo -e "$name\t$rc\t$s\t$(date +%s.%N)\t${NOTE:-}" >> "$LOGS/steps.tsv"
   log "$name: rc $rc after $(( $(date +%s) - ${s%.*} ))s"
   [ "${SUMMARY_LATER:-0}" = 1 ] || summarize_step "$name"
@@ -108,16 +112,33 @@ finish() {
   exit 0
 }
 trap finish EXIT
-trap 'log "signal: stopping"; exit 143' TERM INT
+STEP_PID=""
+on_signal() {  # the step running is stopped, and has its row and summary line like any other
+  log "signal: stopping"
+  if [ -n "$STEP_PID" ]; then
+    kill -TERM "$STEP_PID" 2>/dev/null; wait "$STEP_PID"
+    echo -e "$STEP_NAME\t$?\t$STEP_START\t$(date +%s.%N)\tstopped by a signal" >> "$LOGS/steps.tsv"
+    summarize_step "$STEP_NAME"
+  fi
+  exit 143
+}
+trap on_signal TERM INT
 
 HEAD_ADDR=""
-start_head() {  # start_head NAME DIR GPUS [ENV...]: sets HEAD_ADDR ("" on failure)
+HEAD_WHY=""
+start_head() {  # start_head NAME DIR GPUS [ENV...]: sets HEAD_ADDR ("" on failure, HEAD_WHY says why)
   local name=$1 dir=$2 gpus=$3; shift 3
   HEAD_ADDR=""
+  if (( DEADLINE - $(date +%s) - RESERVE - 10 - TRAIN_OVERHEAD < 10 )); then
+    HEAD_WHY="no time left for a job"; skip_step "$name" "$HEAD_WHY"; return 0
+  fi
   NOTE="gpus=$gpus" run_step "$name" 120 env "$@" "$PY" "$KIT/rayhead.py" start "$dir" --cpus "$CPUS" --gpus "$gpus" \
     --object-store-mb "$STORE_MB"
   HEAD_ADDR=$(grep -oE '^127\.0\.0\.1:[0-9]+$' "$LOGS/$name.log" | tail -1)
-  [ -n "$HEAD_ADDR" ] && HEAD_DIRS+=("$dir|${HEAD_ADDR##*:}")
+  # stopped at the end even when its start failed or was cut off: its GCS port is in the command it logged
+  local port; port=$(grep -oE -- '--port [0-9]+' "$LOGS/$name.log" | tail -1 | cut -d' ' -f2)
+  [ -n "$port" ] && HEAD_DIRS+=("$dir|$port")
+  HEAD_WHY="no Ray head (see $name)"
   log "$name: address '${HEAD_ADDR}'"
 }
 stop_head() {  # stop_head "DIR|PORT"
@@ -213,10 +234,10 @@ if [ -n "$GPU_HEAD" ]; then
     --set "cpus_per_learner=$GPU_CPL"
   SHARE=(); [ "$DRY" != 1 ] && SHARE=(--set gpus_per_learner=0.5)
   train h_gossip2_shared_gpu "$GPU_HEAD" "$H_WALL" jobs/configs/tiny.yaml --set learners=2 --set group.kind=gossip \
-    --set "accelerator=$ACC" "${SHARE[@]}" --set "cpus_per_learner=$H_CPL"
+    --set "accelerator=$ACC" ${SHARE[@]+"${SHARE[@]}"} --set "cpus_per_learner=$H_CPL"
   stop_head "${HEAD_DIRS[-1]}"
 else
-  skip_step d_tiny_gpu "no Ray head"; skip_step h_gossip2_shared_gpu "no Ray head"
+  skip_step d_tiny_gpu "$HEAD_WHY"; skip_step h_gossip2_shared_gpu "$HEAD_WHY"
 fi
 
 # ---- f. the CPU baseline: tiny.yaml on a CPU-only head (CUDA hidden from its processes), for a GPU/CPU ratio
@@ -228,6 +249,6 @@ if [ -n "$HEAD_ADDR" ]; then
   TRAIN_ENV=()
   stop_head "${HEAD_DIRS[-1]}"
 else
-  skip_step f_tiny_cpu "no Ray head"
+  skip_step f_tiny_cpu "$HEAD_WHY"
 fi
 log "steps done"

@@ -157,7 +157,8 @@ def recipe_figures(row: dict) -> dict:
 def bench_figures(result: dict) -> dict:
     learners = result.get("learners") or {}
     figures = {"complete": result.get("complete"), "passed": result.get("passed"), "device": result.get("device_name"),
-               "failed_checks": sorted(k for k, ok in (result.get("checks") or {}).items() if not ok),
+               "failed_checks": sorted(k for k, ok in (result.get("checks") or {}).items() if ok is False),
+               "not_measured": sorted(k for k, ok in (result.get("checks") or {}).items() if ok is None),
                "baseline": learners.get("baseline"),
                **{recipe: recipe_figures(row) for recipe, row in learners.get("recipes", {}).items()}}
     steps = result.get("steps") or {}
