@@ -4,14 +4,17 @@ PIDs of its processes (orchestrator.cluster.local_head.HeadNode's stop; never `r
   python rayhead.py start TEMP_DIR --cpus 16 --gpus 1 [--object-store-mb 4000]  # prints the GCS address
   python rayhead.py stop TEMP_DIR PORT
   python rayhead.py logs TEMP_DIR DEST            # copies the session's *.out/*.err/*.log (<= 4 MB each)
+  python rayhead.py reap SCRATCH                  # stops every process with RAY_TMPDIR=SCRATCH (run.sh's own)
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 
@@ -50,6 +53,42 @@ def stop(temp_dir: str, port: int) -> int:
     return 0
 
 
+def reap(scratch: str) -> int:
+    """SIGTERM, then after 5 s SIGKILL, to every process run.sh started and left (all carry
+    RAY_TMPDIR=<its scratch>: e.g. a Ray whose driver a step's time limit killed mid-start), but this
+    process and its ancestors (run.sh itself)."""
+    mark, mine, pid = f"RAY_TMPDIR={scratch}".encode(), set(), os.getpid()
+    while pid > 1:
+        mine.add(pid)
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        pid = int(stat[stat.rindex(")") + 2:].split()[1])
+
+    def left() -> list[int]:
+        found = []
+        for proc in Path("/proc").glob("[0-9]*"):
+            try:
+                if int(proc.name) not in mine and mark in (proc / "environ").read_bytes().split(b"\0") \
+                        and (proc / "stat").read_text().split(")")[-1].split()[0] != "Z":
+                    found.append(int(proc.name))
+            except (OSError, ValueError):
+                continue
+        return found
+
+    for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 2.0)):
+        pids = left()
+        if pids:
+            print(f"reap: {sig.name} to {len(pids)} processes: {pids}", file=sys.stderr)
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + wait
+        while left() and time.monotonic() < deadline:
+            time.sleep(0.1)
+    return 0
+
+
 def logs(temp_dir: str, dest: str) -> int:
     src = Path(temp_dir) / "session_latest" / "logs"
     out = Path(dest)
@@ -74,4 +113,6 @@ if __name__ == "__main__":
         sys.exit(stop(args[1], int(args[2])))
     if args[0] == "logs":
         sys.exit(logs(args[1], args[2]))
+    if args[0] == "reap":
+        sys.exit(reap(args[1]))
     sys.exit(f"unknown command {args[0]}")

@@ -93,6 +93,7 @@ finish() {
   log "finishing"
   for d in ${HEAD_DIRS[@]+"${HEAD_DIRS[@]}"}; do stop_head "$d"; done
   for pid in ${BG_PIDS[@]+"${BG_PIDS[@]}"}; do kill "$pid" 2>/dev/null; done
+  timeout 20 "$PY" "$KIT/rayhead.py" reap "$W" >> "$LOGS/ray_heads.log" 2>&1
   cp -r "$W/ray-logs" "$LOGS/" 2>/dev/null
   # the warnings and errors of every process (learner actors log to Ray's files, not to the console)
   grep -rhE "Warning|WARNING|Error|ERROR|Traceback|Exception|cudnn|cuDNN|CUDA|not part of single contiguous" "$LOGS" \
