@@ -122,10 +122,7 @@ class HeadNode:
                 cmdline[int(entry.name)] = (entry / "cmdline").read_bytes().decode(errors="replace")
             except (OSError, ValueError):
                 continue
-        mine, pid = set(), os.getpid()  # this process and its ancestors are never the head's
-        while pid > 1 and pid not in mine:
-            mine.add(pid)
-            pid = parent.get(pid, 1)
+        mine = ancestry(parent)  # this process and its ancestors are never the head's
         gcs = re.compile(rf"address=(?:[^\s\x00]*[=/])?{re.escape(self.node_ip)}:{self.gcs_port}(?![0-9])")
         found = {pid for pid, line in cmdline.items() if str(self.temp_dir) in line or gcs.search(line)
                  or _has_in_environment(pid, mark)} - mine
@@ -141,18 +138,50 @@ class HeadNode:
         them (a raylet whose GCS went first waits 10 s for it before it exits, and the GCS then
         waits for the raylet); SIGKILL to what is left of a wave after 10 s."""
         for wave in (lambda pid: not self._is_gcs(pid), lambda pid: True):
-            for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
-                pids = [pid for pid in self.pids() if wave(pid)]
-                for pid in pids:
-                    try:
-                        os.kill(pid, sig)
-                    except ProcessLookupError:
-                        pass
-                deadline = time.monotonic() + wait
-                while pids and time.monotonic() < deadline:
-                    pids = [pid for pid in pids if Path(f"/proc/{pid}").exists() and not _zombie(pid)]
-                    time.sleep(0.1)
+            stop_processes(lambda wave=wave: [pid for pid in self.pids() if wave(pid)])
         shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+def stop_processes(find, term_wait: float = 10.0, kill_wait: float = 5.0) -> None:
+    """SIGTERM to the processes `find()` names, then SIGKILL to what `find()` names after those are
+    gone or `term_wait` seconds have passed (a zombie counts as gone); then `kill_wait` seconds more."""
+    for sig, wait in ((signal.SIGTERM, term_wait), (signal.SIGKILL, kill_wait)):
+        pids = find()
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + wait
+        while pids and time.monotonic() < deadline:
+            pids = [pid for pid in pids if Path(f"/proc/{pid}").exists() and not _zombie(pid)]
+            time.sleep(0.1)
+
+
+def ancestry(parent: dict[int, int] | None = None) -> set[int]:
+    """This process and its ancestors (`parent`: pid -> parent pid, read from /proc when not given)."""
+    mine, pid = set(), os.getpid()
+    while pid > 1 and pid not in mine:
+        mine.add(pid)
+        if parent is not None:
+            pid = parent.get(pid, 1)
+            continue
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            pid = int(stat[stat.rindex(")") + 2:].split()[1])
+        except (OSError, ValueError):
+            break
+    return mine
+
+
+def processes_with_environment(entry: str) -> list[int]:
+    """Live processes whose environment holds `entry` ("NAME=value"), but this one and its ancestors."""
+    mine, found = ancestry(), []
+    for proc in Path("/proc").glob("[0-9]*"):
+        pid = int(proc.name)
+        if pid not in mine and _has_in_environment(pid, entry.encode()) and not _zombie(pid):
+            found.append(pid)
+    return found
 
 
 FAKE_HEAD_TYPE = "ray.head.default"  # the fake provider's name for the head's node type

@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 
@@ -55,37 +53,16 @@ def stop(temp_dir: str, port: int) -> int:
 
 def reap(scratch: str) -> int:
     """SIGTERM, then after 5 s SIGKILL, to every process run.sh started and left (all carry
-    RAY_TMPDIR=<its scratch>: e.g. a Ray whose driver a step's time limit killed mid-start), but this
-    process and its ancestors (run.sh itself)."""
-    mark, mine, pid = f"RAY_TMPDIR={scratch}".encode(), set(), os.getpid()
-    while pid > 1:
-        mine.add(pid)
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        pid = int(stat[stat.rindex(")") + 2:].split()[1])
+    RAY_TMPDIR=<its scratch>: e.g. a Ray whose driver a step's time limit killed), but this process and
+    its ancestors (run.sh itself)."""
+    from orchestrator.cluster.local_head import processes_with_environment, stop_processes
 
     def left() -> list[int]:
-        found = []
-        for proc in Path("/proc").glob("[0-9]*"):
-            try:
-                if int(proc.name) not in mine and mark in (proc / "environ").read_bytes().split(b"\0") \
-                        and (proc / "stat").read_text().split(")")[-1].split()[0] != "Z":
-                    found.append(int(proc.name))
-            except (OSError, ValueError):
-                continue
-        return found
+        return processes_with_environment(f"RAY_TMPDIR={scratch}")
 
-    for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 2.0)):
-        pids = left()
-        if pids:
-            print(f"reap: {sig.name} to {len(pids)} processes: {pids}", file=sys.stderr)
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + wait
-        while left() and time.monotonic() < deadline:
-            time.sleep(0.1)
+    if pids := left():
+        print(f"reap: stopping {len(pids)} processes: {pids}", file=sys.stderr)
+    stop_processes(left, term_wait=5.0, kill_wait=2.0)
     return 0
 
 
